@@ -1,0 +1,284 @@
+"""REST handlers under /api/v1: pools, hosts, sessions, tokens, admin views.
+
+Each handler authenticates (``require``), parses JSON (``read_json``), calls
+one ``Broker`` method and renders JSON.  Errors are raised as domain errors and
+turned into problem bodies by ``broker.app.problem_middleware``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from aiohttp import web
+
+from broker.auth import Principal, authenticate, mint_user_token
+from broker.errors import Forbidden, MalformedBody, PayloadTooLarge, ValidationError
+from broker.keys_app import BROKER, METRICS, SETTINGS
+from broker.models import TOKEN_SCHEMA, parse_user
+from broker.protocol import API_PREFIX, HostState, Role
+from broker.validate import validate
+
+routes = web.RouteTableDef()
+
+
+def principal(request: web.Request) -> Principal:
+    s = request.app[SETTINGS]
+    header = request.headers.get("Authorization")
+    if header is None and request.query.get("access_token"):  # EventSource/WebSocket cannot set headers
+        header = "Bearer " + request.query["access_token"]
+    return authenticate(header, admin_token=s.admin_token, node_token=s.node_token, secret=s.secret,
+                        now_s=time.time())
+
+
+def require(request: web.Request, *roles: Role) -> Principal:
+    who = principal(request)
+    if who.role not in roles:
+        raise Forbidden(f"this endpoint needs a {' or '.join(r.value for r in roles)} token")
+    return who
+
+
+async def read_json(request: web.Request) -> Any:
+    limit = request.app[SETTINGS].max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"body is {request.content_length} bytes; the limit is {limit}", field="body")
+    raw = await request.content.read(limit + 1)
+    if len(raw) > limit:
+        raise PayloadTooLarge(f"body exceeds {limit} bytes", field="body")
+    if not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MalformedBody(f"body is not valid JSON: {exc}", field="body") from exc
+
+
+def ok(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status)
+
+
+def query_int(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        v = int(raw)
+    except ValueError as exc:
+        raise ValidationError(f"{name}: must be an integer", field=name) from exc
+    if not lo <= v <= hi:
+        raise ValidationError(f"{name}: must be between {lo} and {hi}", field=name)
+    return v
+
+
+# ---- tokens ---------------------------------------------------------------------------------
+@routes.post(f"{API_PREFIX}/tokens")
+async def mint_token(request: web.Request) -> web.Response:
+    who = require(request, Role.ADMIN)
+    data = validate(await read_json(request), TOKEN_SCHEMA)
+    user = parse_user(data["user"])
+    token, exp = mint_user_token(request.app[SETTINGS].secret, user, time.time(), data["ttl_s"])
+    b = request.app[BROKER]
+    await b.repo.audit(b.clock(), who.name, who.role, "token.mint", user, {"ttl_s": data["ttl_s"]})
+    return ok({"token": token, "user": user, "expires_at": exp}, 201)
+
+
+@routes.post(f"{API_PREFIX}/guest")
+async def guest_token(request: web.Request) -> web.Response:
+    s = request.app[SETTINGS]
+    if not s.allow_guests:
+        raise Forbidden("guest access is disabled on this broker (allow_guests)")
+    import secrets
+
+    user = "guest-" + secrets.token_hex(4)
+    token, exp = mint_user_token(s.secret, user, time.time(), 3600)
+    return ok({"token": token, "user": user, "expires_at": exp}, 201)
+
+
+@routes.get(f"{API_PREFIX}/whoami")
+async def whoami(request: web.Request) -> web.Response:
+    who = principal(request)
+    return ok({"role": who.role.value, "name": who.name})
+
+
+# ---- pools ----------------------------------------------------------------------------------
+@routes.get(f"{API_PREFIX}/pools")
+async def list_pools(request: web.Request) -> web.Response:
+    principal(request)
+    return ok({"pools": await request.app[BROKER].list_pools()})
+
+
+@routes.get(f"{API_PREFIX}/pools/{{name}}")
+async def get_pool(request: web.Request) -> web.Response:
+    principal(request)
+    b = request.app[BROKER]
+    return ok(await b.pool_view(await b.get_pool(request.match_info["name"])))
+
+
+@routes.put(f"{API_PREFIX}/pools/{{name}}")
+async def put_pool(request: web.Request) -> web.Response:
+    who = require(request, Role.ADMIN)
+    created, view = await request.app[BROKER].put_pool(who, request.match_info["name"], await read_json(request))
+    return ok(view, 201 if created else 200)
+
+
+@routes.delete(f"{API_PREFIX}/pools/{{name}}")
+async def delete_pool(request: web.Request) -> web.Response:
+    who = require(request, Role.ADMIN)
+    await request.app[BROKER].delete_pool(who, request.match_info["name"])
+    return web.Response(status=204)
+
+
+@routes.get(f"{API_PREFIX}/pools/{{name}}/samples")
+async def pool_samples(request: web.Request) -> web.Response:
+    require(request, Role.ADMIN)
+    b = request.app[BROKER]
+    name = (await b.get_pool(request.match_info["name"])).name
+    hours = query_int(request, "hours", 24, 1, 24 * 90)
+    since = b.clock() - hours * 3_600_000
+    return ok({"pool": name, "samples": await b.repo.samples(name, since)})
+
+
+# ---- hosts ----------------------------------------------------------------------------------
+@routes.post(f"{API_PREFIX}/hosts")
+async def register_host(request: web.Request) -> web.Response:
+    require(request, Role.NODE)
+    return ok(await request.app[BROKER].register_host(await read_json(request)), 201)
+
+
+@routes.get(f"{API_PREFIX}/hosts")
+async def list_hosts(request: web.Request) -> web.Response:
+    require(request, Role.ADMIN, Role.NODE)
+    return ok({"hosts": await request.app[BROKER].list_hosts(request.query.get("pool"))})
+
+
+@routes.get(f"{API_PREFIX}/hosts/{{id}}")
+async def get_host(request: web.Request) -> web.Response:
+    require(request, Role.ADMIN, Role.NODE)
+    return ok(await request.app[BROKER].get_host(request.match_info["id"]))
+
+
+@routes.put(f"{API_PREFIX}/hosts/{{id}}/heartbeat")
+async def heartbeat(request: web.Request) -> web.Response:
+    require(request, Role.NODE)
+    return ok(await request.app[BROKER].heartbeat(request.match_info["id"], await read_json(request)))
+
+
+@routes.post(f"{API_PREFIX}/hosts/{{id}}/drain")
+async def drain(request: web.Request) -> web.Response:
+    who = require(request, Role.ADMIN)
+    return ok(await request.app[BROKER].set_host_state(who, request.match_info["id"], HostState.DRAINING))
+
+
+@routes.post(f"{API_PREFIX}/hosts/{{id}}/undrain")
+async def undrain(request: web.Request) -> web.Response:
+    who = require(request, Role.ADMIN)
+    return ok(await request.app[BROKER].set_host_state(who, request.match_info["id"], HostState.UP))
+
+
+@routes.delete(f"{API_PREFIX}/hosts/{{id}}")
+async def remove_host(request: web.Request) -> web.Response:
+    who = require(request, Role.ADMIN, Role.NODE)
+    force = request.query.get("force", "false").lower()
+    if force not in ("true", "false"):
+        raise ValidationError("force: must be true or false", field="force")
+    ended = await request.app[BROKER].remove_host(who, request.match_info["id"], force == "true")
+    return ok({"removed": request.match_info["id"], "ended_sessions": ended})
+
+
+@routes.put(f"{API_PREFIX}/hosts/{{id}}/sessions/{{sid}}/state")
+async def node_session_state(request: web.Request) -> web.Response:
+    require(request, Role.NODE)
+    return ok(await request.app[BROKER].node_session_state(request.match_info["id"], request.match_info["sid"],
+                                                           await read_json(request)))
+
+
+# ---- sessions -------------------------------------------------------------------------------
+@routes.post(f"{API_PREFIX}/sessions")
+async def create_session(request: web.Request) -> web.Response:
+    who = principal(request)
+    created, view = await request.app[BROKER].create_session(who, await read_json(request))
+    return ok(view, 201 if created else 200)
+
+
+@routes.get(f"{API_PREFIX}/sessions")
+async def list_sessions(request: web.Request) -> web.Response:
+    who = principal(request)
+    b = request.app[BROKER]
+    if who.role == Role.NODE:
+        raise Forbidden("nodes learn their sessions from heartbeats and commands")
+    live = await b.live.get_sessions(await b.live.live_session_ids())
+    if who.role == Role.USER:
+        live = [s for s in live if s["user"] == who.name]
+    pool = request.query.get("pool")
+    if pool:
+        live = [s for s in live if s["pool"] == pool]
+    return ok({"sessions": [await b.session_view(s["id"], s) for s in live]})
+
+
+@routes.get(f"{API_PREFIX}/sessions/history")
+async def session_history(request: web.Request) -> web.Response:
+    who = principal(request)
+    if who.role == Role.NODE:
+        raise Forbidden("history is for users and admins")
+    user = who.name if who.role == Role.USER else request.query.get("user")
+    limit = query_int(request, "limit", 100, 1, 1000)
+    rows = await request.app[BROKER].repo.session_history(request.query.get("pool"), user, limit)
+    return ok({"sessions": rows})
+
+
+@routes.get(f"{API_PREFIX}/sessions/{{sid}}")
+async def get_session(request: web.Request) -> web.Response:
+    who = principal(request)
+    return ok(await request.app[BROKER].get_session(who, request.match_info["sid"]))
+
+
+@routes.delete(f"{API_PREFIX}/sessions/{{sid}}")
+async def end_session(request: web.Request) -> web.Response:
+    who = principal(request)
+    return ok(await request.app[BROKER].end_session(who, request.match_info["sid"]))
+
+
+# ---- admin ----------------------------------------------------------------------------------
+@routes.get(f"{API_PREFIX}/audit")
+async def audit_log(request: web.Request) -> web.Response:
+    require(request, Role.ADMIN)
+    limit = query_int(request, "limit", 100, 1, 1000)
+    before = request.query.get("before_id")
+    before_id = query_int(request, "before_id", 0, 0, 2**62) if before else None
+    rows = await request.app[BROKER].repo.audit_log(limit, before_id, request.query.get("action"))
+    return ok({"entries": rows})
+
+
+@routes.get("/healthz")
+async def healthz(_request: web.Request) -> web.Response:
+    return ok({"status": "alive"})
+
+
+@routes.get("/readyz")
+async def readyz(request: web.Request) -> web.Response:
+    b = request.app[BROKER]
+    checks: dict[str, str] = {}
+    try:
+        await b.live.ping()
+        checks["redis"] = "ok"
+    except Exception as exc:  # readiness reports, never raises
+        checks["redis"] = f"unavailable: {type(exc).__name__}"
+    try:
+        await b.repo.ping()
+        checks["sql"] = "ok"
+    except Exception as exc:  # readiness reports, never raises
+        checks["sql"] = f"unavailable: {type(exc).__name__}"
+    ready = all(v == "ok" for v in checks.values())
+    return ok({"status": "ready" if ready else "not_ready", "checks": checks}, 200 if ready else 503)
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    b, m = request.app[BROKER], request.app[METRICS]
+    try:
+        m.update_pools(await b.list_pools())
+        m.update_streams(await b.live.get_hosts(await b.live.host_ids()))
+    except Exception:  # Redis down: still serve process counters
+        pass
+    return web.Response(body=m.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})

@@ -1,0 +1,169 @@
+"""Composition root: ``create_app(settings)`` wires every resource of a broker process.
+
+Resources are aiohttp cleanup contexts in dependency order: Redis (embedded
+or external) -> SQL (migrated) -> broker service + pub/sub hub + background
+loops.  Each is torn down in reverse on shutdown, so an embedded redis-server
+never outlives the broker.  No module-level mutable state: everything hangs
+off the app under typed ``web.AppKey``s (``broker.keys_app``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import redis.asyncio as aioredis
+import redis.exceptions as redis_errors
+from aiohttp import web
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from broker import realtime  # noqa: F401  (registers the streaming routes on broker.api.routes)
+from broker.api import routes
+from broker.db.engine import create_engine, migrate
+from broker.db.repository import Repository
+from broker.embedded import EmbeddedRedis
+from broker.errors import BrokerError, MalformedBody, NotFound, Unavailable
+from broker.hub import Hub
+from broker.keys_app import BROKER, HUB, METRICS, SETTINGS
+from broker.metrics import Metrics
+from broker.openapi import openapi_document
+from broker.service import Broker, Clock, run_every, wall_clock_ms
+from broker.settings import BrokerSettings
+from broker.store.live import LiveStore
+
+log = logging.getLogger(__name__)
+
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+REDIS_KEY = web.AppKey("redis", aioredis.Redis)
+OUTBOX_INTERVAL_S = 0.5
+
+
+def _problem_response(err: BrokerError, metrics: Metrics) -> web.Response:
+    metrics.http_errors.labels(str(err.status), err.code).inc()
+    return web.json_response(err.problem(), status=err.status, content_type="application/problem+json")
+
+
+@web.middleware
+async def problem_middleware(request: web.Request,
+                             handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    metrics = request.app[METRICS]
+    try:
+        resp = await handler(request)
+    except BrokerError as err:
+        return _problem_response(err, metrics)
+    except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+        log.warning("redis unavailable during %s %s: %s", request.method, request.path, exc)
+        return _problem_response(Unavailable("live state store (Redis) is unavailable; retry shortly"), metrics)
+    except (OperationalError, DBAPIError) as exc:
+        log.warning("SQL unavailable during %s %s: %s", request.method, request.path, exc)
+        return _problem_response(Unavailable("history database is unavailable; retry shortly"), metrics)
+    except web.HTTPException as exc:
+        if exc.status >= 400 and request.path.startswith("/api/"):
+            cls = NotFound if exc.status == 404 else MalformedBody
+            err = cls(exc.reason or "error")
+            err.status = exc.status
+            err.code = "not_found" if exc.status == 404 else f"http_{exc.status}"
+            return _problem_response(err, metrics)
+        raise
+    metrics.http_requests.labels(request.method, str(resp.status)).inc()
+    return resp
+
+
+async def _redis_ctx(app: web.Application) -> AsyncIterator[None]:
+    s = app[SETTINGS]
+    embedded = None
+    url = s.redis_url
+    if not url:
+        embedded = EmbeddedRedis(Path(s.data_dir) / "redis")
+        url = await embedded.start()
+        log.info("started embedded redis-server at %s", url)
+    client = aioredis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=10,
+                                     retry_on_timeout=False)
+    app[REDIS_KEY] = client
+    try:
+        yield
+    finally:
+        await client.aclose()
+        if embedded:
+            await embedded.stop()
+
+
+def _database_url(s: BrokerSettings) -> str:
+    if s.database_url:
+        return s.database_url
+    path = Path(s.data_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{(path / 'broker.db').resolve()}"
+
+
+def make_ctx(clock: Clock) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def _broker_ctx(app: web.Application) -> AsyncIterator[None]:
+        s = app[SETTINGS]
+        engine = create_engine(_database_url(s))
+        await migrate(engine)
+        live = LiveStore(app[REDIS_KEY], s.redis_prefix)
+        metrics = app[METRICS]
+        broker = Broker(s, live, Repository(engine), clock, metrics.allocation.observe)
+        app[BROKER] = broker
+        hub = Hub(app[REDIS_KEY], s.redis_prefix)
+        app[HUB] = hub
+        await hub.start()
+        restored = await broker.restore_pools()
+        if restored:
+            log.info("restored %d pool config(s) from SQL into Redis", restored)
+        owner = uuid.uuid4().hex
+
+        async def sample() -> None:
+            # one replica samples per interval: a TTL'd lock keyed by the interval slot
+            slot = int(time.time() // s.sample_interval_s)
+            if await live.try_lock(f"sample:{slot}", owner, int(s.sample_interval_s * 2000)):
+                await broker.sample_once()
+
+        tasks = [asyncio.create_task(run_every(s.reaper_interval_s, broker.reap_once, "reaper")),
+                 asyncio.create_task(run_every(OUTBOX_INTERVAL_S, broker.drain_outbox, "outbox")),
+                 asyncio.create_task(run_every(s.sample_interval_s, sample, "sampler"))]
+        try:
+            yield
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            with contextlib.suppress(Exception):
+                await broker.drain_outbox()  # flush what ended during shutdown
+            await hub.stop()
+            await engine.dispose()
+
+    return _broker_ctx
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document(request.app.router))
+
+
+async def index(_request: web.Request) -> web.StreamResponse:
+    page = WEB_DIR / "index.html"
+    if not page.exists():
+        return web.json_response({"service": "render-broker", "api": "/api/v1", "openapi": "/api/v1/openapi.json"})
+    return web.FileResponse(page)
+
+
+def create_app(settings: BrokerSettings, *, clock: Clock = wall_clock_ms) -> web.Application:
+    """Build a broker application; resources start when the app starts."""
+    app = web.Application(middlewares=[problem_middleware], client_max_size=settings.max_body_bytes)
+    app[SETTINGS] = settings
+    app[METRICS] = Metrics()
+    app.cleanup_ctx.append(_redis_ctx)
+    app.cleanup_ctx.append(make_ctx(clock))
+    app.router.add_get("/api/v1/openapi.json", openapi)
+    app.router.add_routes(routes)
+    app.router.add_get("/", index)
+    if WEB_DIR.is_dir():
+        app.router.add_static("/web/", WEB_DIR, show_index=False)
+    return app

@@ -1,0 +1,74 @@
+"""``render-broker``: serve, bench, encoders hint and settings reference.
+
+``main()`` is the only place settings are read from the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import os
+import secrets
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from broker.settings import BrokerSettings, load, settings_table
+
+
+def _fill_secrets(s: BrokerSettings) -> tuple[BrokerSettings, list[str]]:
+    generated = []
+    changes = {}
+    for name in ("admin_token", "node_token", "secret"):
+        if not getattr(s, name):
+            changes[name] = secrets.token_urlsafe(24)
+            generated.append(name)
+    return dataclasses.replace(s, **changes), generated
+
+
+def serve(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="render-broker serve",
+                                     description="Run the broker. Settings: CLI > env BROKER_* > TOML file > "
+                                                 "defaults.")
+    settings, _ = load(BrokerSettings, argv, os.environ, "BROKER_", parser)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings, generated = _fill_secrets(settings)
+    for name in generated:
+        if name != "secret":  # the HMAC key is never printed
+            print(f"generated {name}: {getattr(settings, name)}", flush=True)
+    from broker.app import create_app
+
+    print(f"render-broker listening on http://{settings.host}:{settings.port}/", flush=True)
+    web.run_app(create_app(settings), host=settings.host, port=settings.port, print=None,
+                handle_signals=True, shutdown_timeout=5)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="render-broker", description=(
+        "GPU render session broker.\n\ncommands:\n"
+        "  serve       run the broker (render-broker serve --help lists every setting)\n"
+        "  bench       allocation throughput/latency benchmark (render-broker bench --help)\n"
+        "  settings    print the settings reference as a Markdown table\n"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["serve", "bench", "settings"])
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        print("\nsettings (serve):\n" + settings_table(BrokerSettings, "BROKER_"))
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "serve":
+        return serve(rest)
+    if cmd == "settings":
+        print(settings_table(BrokerSettings, "BROKER_"))
+        return 0
+    if cmd == "bench":
+        from broker.bench import main as bench_main
+
+        return asyncio.run(bench_main(rest))
+    parser.error(f"unknown command {cmd!r}")
+    return 2

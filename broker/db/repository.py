@@ -1,0 +1,147 @@
+"""SQL repository: history, audit, durable pool configs and utilization samples.
+
+Writes are idempotent where they come from the Redis outbox (a record may be
+delivered twice if a replica dies between writing and acknowledging): session
+rows are keyed by session id and audit rows by a ``dedup_key``.
+
+Concurrency: one AsyncEngine per process; each call takes its own connection.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select, text, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from broker.db import tables as t
+
+
+def session_row(s: dict[str, Any]) -> dict[str, Any]:
+    """A history row from an ended session record (as the Lua outbox emits it)."""
+    def num(key: str) -> int:
+        return int(float(s.get(key) or 0))
+
+    created, seated, ended = num("created_ms"), num("seated_ms"), num("ended_ms")
+    profile = s.get("profile")
+    if isinstance(profile, str) and profile:
+        profile = json.loads(profile)
+    gpu = s.get("gpu")
+    return {
+        "id": s["id"], "pool": s["pool"], "user": s["user"], "host": s.get("host") or None,
+        "gpu": int(gpu) if gpu not in (None, "") else None, "kind": s.get("kind"), "profile": profile or None,
+        "created_ms": created, "seated_ms": seated or None, "started_ms": num("started_ms") or None,
+        "ended_ms": ended or None, "end_reason": s.get("end_reason") or None,
+        "wait_s": ((seated or ended) - created) / 1000.0 if (seated or ended) else None,
+        "gpu_seconds": (ended - seated) / 1000.0 if seated and ended else 0.0,
+    }
+
+
+class Repository:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def ping(self) -> bool:
+        async with self.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+        return True
+
+    # ---- audit ---------------------------------------------------------------------
+    async def audit(self, ts_ms: int, actor: str, role: str, action: str, target: str | None,
+                    detail: dict[str, Any] | None = None, dedup_key: str | None = None) -> bool:
+        """Append an audit row; False when ``dedup_key`` was already written."""
+        try:
+            async with self.engine.begin() as conn:
+                await conn.execute(insert(t.audit).values(
+                    ts_ms=ts_ms, actor=actor, role=role, action=action, target=target,
+                    detail=detail or {}, dedup_key=dedup_key))
+            return True
+        except IntegrityError:
+            return False
+
+    async def audit_log(self, limit: int = 100, before_id: int | None = None,
+                        action: str | None = None) -> list[dict[str, Any]]:
+        q = select(t.audit).order_by(t.audit.c.id.desc()).limit(limit)
+        if before_id is not None:
+            q = q.where(t.audit.c.id < before_id)
+        if action:
+            q = q.where(t.audit.c.action == action)
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(q)).mappings().all()
+        return [{k: v for k, v in r.items() if k != "dedup_key"} for r in rows]
+
+    # ---- session history -------------------------------------------------------------
+    async def record_start(self, s: dict[str, Any], ts_ms: int) -> None:
+        """Audit a session seat (start) from an outbox record; idempotent."""
+        await self.audit(ts_ms, s["user"], "user", "session.start", s["id"],
+                         {"pool": s["pool"], "host": s.get("host"), "gpu": s.get("gpu")},
+                         dedup_key=f"start:{s['id']}")
+
+    async def record_end(self, s: dict[str, Any], ts_ms: int) -> None:
+        """Write the history row and audit the end; idempotent on the session id."""
+        row = session_row(s)
+        try:
+            async with self.engine.begin() as conn:
+                await conn.execute(insert(t.sessions).values(**row))
+        except IntegrityError:
+            async with self.engine.begin() as conn:
+                await conn.execute(update(t.sessions).where(t.sessions.c.id == row["id"]).values(**row))
+        await self.audit(ts_ms, s["user"], "user", "session.end", s["id"],
+                         {"pool": s["pool"], "host": s.get("host"), "reason": row["end_reason"],
+                          "gpu_seconds": row["gpu_seconds"]}, dedup_key=f"end:{s['id']}")
+
+    async def session_history(self, pool: str | None = None, user: str | None = None,
+                              limit: int = 100) -> list[dict[str, Any]]:
+        q = select(t.sessions).order_by(t.sessions.c.created_ms.desc()).limit(limit)
+        if pool:
+            q = q.where(t.sessions.c.pool == pool)
+        if user:
+            q = q.where(t.sessions.c.user == user)
+        async with self.engine.connect() as conn:
+            return [dict(r) for r in (await conn.execute(q)).mappings().all()]
+
+    async def get_history(self, session_id: str) -> dict[str, Any] | None:
+        async with self.engine.connect() as conn:
+            r = (await conn.execute(select(t.sessions).where(t.sessions.c.id == session_id))).mappings().first()
+        return dict(r) if r else None
+
+    async def count_sessions(self, pool: str | None = None) -> int:
+        q = select(func.count()).select_from(t.sessions)
+        if pool:
+            q = q.where(t.sessions.c.pool == pool)
+        async with self.engine.connect() as conn:
+            return int((await conn.execute(q)).scalar_one())
+
+    # ---- pools (durable copy) ----------------------------------------------------------
+    async def save_pool(self, name: str, config: dict[str, Any], ts_ms: int) -> None:
+        async with self.engine.begin() as conn:
+            res = await conn.execute(update(t.pools).where(t.pools.c.name == name)
+                                     .values(config=config, updated_ms=ts_ms))
+            if res.rowcount == 0:
+                await conn.execute(insert(t.pools).values(name=name, config=config, updated_ms=ts_ms))
+
+    async def delete_pool(self, name: str) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(delete(t.pools).where(t.pools.c.name == name))
+
+    async def load_pools(self) -> list[dict[str, Any]]:
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(select(t.pools).order_by(t.pools.c.name))).mappings().all()
+        return [{"name": r["name"], **r["config"]} for r in rows]
+
+    # ---- utilization samples --------------------------------------------------------------
+    async def add_samples(self, rows: Sequence[dict[str, Any]]) -> None:
+        if rows:
+            async with self.engine.begin() as conn:
+                await conn.execute(insert(t.pool_samples), list(rows))
+
+    async def samples(self, pool: str, since_ms: int, until_ms: int | None = None) -> list[dict[str, Any]]:
+        q = select(t.pool_samples).where(t.pool_samples.c.pool == pool, t.pool_samples.c.ts_ms >= since_ms)
+        if until_ms is not None:
+            q = q.where(t.pool_samples.c.ts_ms <= until_ms)
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(q.order_by(t.pool_samples.c.ts_ms))).mappings().all()
+        return [{k: v for k, v in r.items() if k != "id"} for r in rows]

@@ -1,0 +1,75 @@
+"""SQL tables: session history, audit log, durable pool configs, utilization samples.
+
+SQL is the system of record for what happened (history, audit) and for
+configuration that must survive a Redis loss (pools).  Live state lives in
+Redis (``broker.store``).  The schema is created and upgraded by Alembic
+(``migrations/``); ``tests/broker/test_db.py`` checks the migration produces
+exactly these tables.
+
+Timestamps are epoch milliseconds (BIGINT) so SQLite and PostgreSQL agree.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, BigInteger, Column, Float, Index, Integer, MetaData, String, Table
+
+metadata = MetaData()
+
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("pool", String(63), nullable=False),
+    Column("user", String(128), nullable=False),
+    Column("host", String(63)),
+    Column("gpu", Integer),
+    Column("kind", String(16)),
+    Column("profile", JSON),
+    Column("created_ms", BigInteger, nullable=False),
+    Column("seated_ms", BigInteger),
+    Column("started_ms", BigInteger),
+    Column("ended_ms", BigInteger),
+    Column("end_reason", String(32)),
+    Column("wait_s", Float),
+    Column("gpu_seconds", Float),
+    Index("ix_sessions_pool_created", "pool", "created_ms"),
+    Index("ix_sessions_user", "user"),
+)
+
+audit = Table(
+    "audit",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("ts_ms", BigInteger, nullable=False),
+    Column("actor", String(128), nullable=False),
+    Column("role", String(16), nullable=False),
+    Column("action", String(64), nullable=False),
+    Column("target", String(128)),
+    Column("detail", JSON),
+    Column("dedup_key", String(128), unique=True),  # outbox records are written at most once
+    Index("ix_audit_ts", "ts_ms"),
+)
+
+pools = Table(
+    "pools",
+    metadata,
+    Column("name", String(63), primary_key=True),
+    Column("config", JSON, nullable=False),
+    Column("updated_ms", BigInteger, nullable=False),
+)
+
+pool_samples = Table(
+    "pool_samples",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("ts_ms", BigInteger, nullable=False),
+    Column("pool", String(63), nullable=False),
+    Column("sessions", Integer, nullable=False),
+    Column("seats_used", Integer, nullable=False),
+    Column("seats_total", Integer, nullable=False),
+    Column("queue_length", Integer, nullable=False),
+    Column("hosts_up", Integer, nullable=False),
+    Index("ix_pool_samples_pool_ts", "pool", "ts_ms"),
+)
+
+ALL_TABLES = ("sessions", "audit", "pools", "pool_samples")

@@ -1,0 +1,212 @@
+"""Domain values and the request schemas that produce them.
+
+Pure data: pool configuration, GPU and host descriptions, session profiles, and
+the body schemas (``broker.validate``) for every write endpoint.  Conversions
+from validated dicts to frozen dataclasses live here so handlers stay thin.
+
+Invariant: every value built here has passed its schema, so downstream code
+(placement, Lua scripts) never sees a negative seat count or an unknown strategy.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+from broker.errors import ValidationError
+from broker.protocol import PlacementStrategy, PoolKind
+from broker.validate import Field, validate
+
+NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")  # pool/host ids: DNS-label-like
+USER_RE: Final = re.compile(r"^[A-Za-z0-9._@+-]{1,128}$")
+
+MAX_WIDTH_PX: Final = 7680  # 8K UHD
+MAX_HEIGHT_PX: Final = 4320
+MAX_FPS: Final = 240
+DAY_S: Final = 86_400
+CODECS: Final = ("auto", "h264", "vp8", "hevc", "av1")
+
+
+def check_name(value: str, field: str) -> str:
+    """Pool and host names are lowercase DNS-label-like identifiers."""
+    if not NAME_RE.match(value):
+        raise ValidationError(f"{field}: must match {NAME_RE.pattern}", field=field)
+    return value
+
+
+POOL_SCHEMA: Final = {
+    "kind": Field("str", default=PoolKind.DESKTOP.value, choices=tuple(k.value for k in PoolKind),
+                  description="What a session runs: a virtual desktop or a game"),
+    "strategy": Field("str", default=PlacementStrategy.BREADTH_FIRST.value,
+                      choices=tuple(s.value for s in PlacementStrategy)),
+    "max_sessions_per_gpu": Field("int", default=4, minimum=1, maximum=64),
+    "vram_per_session_mb": Field("int", default=2048, minimum=1, maximum=1_048_576),
+    "vram_headroom": Field("number", default=0.2, minimum=0.0, maximum=0.95,
+                           description="Fraction of each GPU's VRAM kept free"),
+    "max_queue": Field("int", default=100, minimum=0, maximum=100_000),
+    "queue_timeout_s": Field("int", default=600, minimum=1, maximum=DAY_S),
+    "idle_timeout_s": Field("int", default=1800, minimum=0, maximum=7 * DAY_S,
+                            description="0 disables the idle timeout"),
+    "disconnect_timeout_s": Field("int", default=300, minimum=0, maximum=DAY_S),
+    "max_duration_s": Field("int", default=8 * 3600, minimum=0, maximum=30 * DAY_S,
+                            description="0 disables the maximum duration"),
+    "max_sessions_per_user": Field("int", default=1, minimum=1, maximum=64),
+    "allow_resize": Field("bool", default=True),
+    "description": Field("str", default="", max_length=500),
+}
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """A pool of GPU hosts sharing placement rules and timeouts."""
+
+    name: str
+    kind: str = PoolKind.DESKTOP.value
+    strategy: str = PlacementStrategy.BREADTH_FIRST.value
+    max_sessions_per_gpu: int = 4
+    vram_per_session_mb: int = 2048
+    vram_headroom: float = 0.2
+    max_queue: int = 100
+    queue_timeout_s: int = 600
+    idle_timeout_s: int = 1800
+    disconnect_timeout_s: int = 300
+    max_duration_s: int = 8 * 3600
+    max_sessions_per_user: int = 1
+    allow_resize: bool = True
+    description: str = ""
+
+    @classmethod
+    def from_body(cls, name: str, body: Any) -> PoolConfig:
+        return cls(name=check_name(name, "name"), **validate(body, POOL_SCHEMA))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PoolConfig:
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+GPU_SCHEMA: Final = {
+    "index": Field("int", required=True, minimum=0, maximum=63),
+    "model": Field("str", default="unknown", max_length=128),
+    "vram_mb": Field("int", required=True, minimum=1, maximum=1_048_576),
+    "encoder_session_limit": Field("int", nullable=True, minimum=0, maximum=1024,
+                                   description="NVENC concurrent session limit; null = unlimited"),
+    "nvenc": Field("bool", default=False),
+}
+
+HOST_SCHEMA: Final = {
+    "id": Field("str", required=True, max_length=63),
+    "pool": Field("str", required=True, max_length=63),
+    "address": Field("str", required=True, max_length=255, description="host:port the node listens on"),
+    "gpus": Field("array", required=True, items=Field("object", schema=GPU_SCHEMA), max_items=64),
+    "labels": Field("object", default=None, nullable=True, schema={}),
+    "version": Field("str", default="", max_length=64),
+}
+
+SESSION_TELEMETRY_SCHEMA: Final = {
+    "id": Field("str", required=True, max_length=64),
+    "state": Field("str", default="running", choices=("starting", "running", "disconnected")),
+    "last_input_ms": Field("int", nullable=True, minimum=0),
+    "fps": Field("number", nullable=True, minimum=0, maximum=1000),
+    "encode_ms": Field("number", nullable=True, minimum=0),
+    "bitrate_bps": Field("number", nullable=True, minimum=0),
+    "target_bps": Field("number", nullable=True, minimum=0),
+    "rtt_ms": Field("number", nullable=True, minimum=0),
+    "jitter_ms": Field("number", nullable=True, minimum=0),
+    "loss": Field("number", nullable=True, minimum=0, maximum=1),
+    "keyframes": Field("int", nullable=True, minimum=0),
+    "encoder": Field("str", nullable=True, max_length=64),
+    "width": Field("int", nullable=True, minimum=0, maximum=MAX_WIDTH_PX),
+    "height": Field("int", nullable=True, minimum=0, maximum=MAX_HEIGHT_PX),
+}
+
+GPU_TELEMETRY_SCHEMA: Final = {
+    "index": Field("int", required=True, minimum=0, maximum=63),
+    "utilization": Field("number", nullable=True, minimum=0, maximum=100),
+    "vram_used_mb": Field("number", nullable=True, minimum=0),
+    "encoder_utilization": Field("number", nullable=True, minimum=0, maximum=100),
+    "encoder_sessions": Field("int", nullable=True, minimum=0),
+    "temperature_c": Field("number", nullable=True, minimum=-50, maximum=150),
+    "power_w": Field("number", nullable=True, minimum=0, maximum=5000),
+}
+
+HEARTBEAT_SCHEMA: Final = {
+    "gpus": Field("array", default=[], items=Field("object", schema=GPU_TELEMETRY_SCHEMA), max_items=64),
+    "sessions": Field("array", default=[], items=Field("object", schema=SESSION_TELEMETRY_SCHEMA),
+                      max_items=1024),
+    "cpu_percent": Field("number", nullable=True, minimum=0, maximum=100_000),
+}
+
+PROFILE_SCHEMA: Final = {
+    "width": Field("int", default=1280, minimum=160, maximum=MAX_WIDTH_PX),
+    "height": Field("int", default=720, minimum=120, maximum=MAX_HEIGHT_PX),
+    "fps": Field("int", default=30, minimum=1, maximum=MAX_FPS),
+    "codec": Field("str", default="auto", choices=CODECS),
+}
+
+SESSION_SCHEMA: Final = {
+    "pool": Field("str", required=True, max_length=63),
+    "profile": Field("object", default=None, nullable=True, schema=PROFILE_SCHEMA),
+}
+
+SESSION_STATE_SCHEMA: Final = {
+    "state": Field("str", required=True, choices=("running", "disconnected", "ended")),
+    "reason": Field("str", default="node_ended", max_length=64),
+}
+
+TOKEN_SCHEMA: Final = {
+    "user": Field("str", required=True, max_length=128),
+    "ttl_s": Field("int", default=3600, minimum=60, maximum=90 * DAY_S),
+}
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    vram_mb: int
+    model: str = "unknown"
+    encoder_session_limit: int | None = None
+    nvenc: bool = False
+
+
+@dataclass(frozen=True)
+class Profile:
+    width: int = 1280
+    height: int = 720
+    fps: int = 30
+    codec: str = "auto"
+
+    @classmethod
+    def from_body(cls, body: Any) -> Profile:
+        data = validate(body or {}, PROFILE_SCHEMA, prefix="profile.")
+        if data["width"] % 2 or data["height"] % 2:
+            raise ValidationError("profile.width: width and height must be even (4:2:0 video)",
+                                  field="profile.width" if data["width"] % 2 else "profile.height")
+        return cls(**data)
+
+
+def parse_host(body: Any) -> tuple[dict[str, Any], list[Gpu]]:
+    """Validate a host registration; returns (host fields, GPUs)."""
+    data = validate(body, HOST_SCHEMA)
+    check_name(data["id"], "id")
+    check_name(data["pool"], "pool")
+    gpus = [Gpu(**g) for g in data["gpus"]]
+    if not gpus:
+        raise ValidationError("gpus: a host needs at least one GPU (or one declared CPU seat group)",
+                              field="gpus")
+    seen: set[int] = set()
+    for i, g in enumerate(gpus):
+        if g.index in seen:
+            raise ValidationError(f"gpus[{i}].index: duplicate GPU index {g.index}", field=f"gpus[{i}].index")
+        seen.add(g.index)
+    return data, gpus
+
+
+def parse_user(value: str) -> str:
+    if not USER_RE.match(value):
+        raise ValidationError(f"user: must match {USER_RE.pattern}", field="user")
+    return value

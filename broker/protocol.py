@@ -1,0 +1,164 @@
+"""Wire protocol shared by the broker, the render node (streamer) and the web client.
+
+This module owns every string that crosses a process boundary: session states,
+end reasons, signaling message types, data-channel message types and the
+Redis pub/sub channel payload kinds.  It is pure data (no I/O, no aiohttp
+import) so that ``streamer`` may import it without importing the broker.
+
+The web client keeps a copy of these constants in ``web/protocol.js``; a test
+(``tests/web/test_protocol_sync.py``) checks that both agree, so a constant
+changed here without the JavaScript side fails the build.
+
+Invariants: values are lowercase snake-case ASCII and never reused for a
+different meaning; adding a value is compatible, renaming one is not.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+API_PREFIX: Final = "/api/v1"
+
+
+class SessionState(StrEnum):
+    """Lifecycle of a session: queued -> starting -> running <-> disconnected -> ended."""
+
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    DISCONNECTED = "disconnected"
+    ENDED = "ended"
+
+
+LIVE_STATES: Final = frozenset(
+    {SessionState.QUEUED, SessionState.STARTING, SessionState.RUNNING, SessionState.DISCONNECTED}
+)
+SEATED_STATES: Final = frozenset({SessionState.STARTING, SessionState.RUNNING, SessionState.DISCONNECTED})
+
+
+class EndReason(StrEnum):
+    """Why a session ended; shown to the user and stored in SQL history."""
+
+    USER = "user"  # the owner ended it
+    ADMIN = "admin"  # an admin ended it
+    CANCELLED = "cancelled"  # ended while still queued
+    QUEUE_TIMEOUT = "queue_timeout"
+    IDLE_TIMEOUT = "idle_timeout"
+    DISCONNECT_TIMEOUT = "disconnect_timeout"
+    MAX_DURATION = "max_duration"
+    HOST_LOST = "host_lost"  # the host's heartbeat lease expired
+    NODE_ENDED = "node_ended"  # the node ended it (app exited, crash)
+    START_FAILED = "start_failed"  # the node could not start it in time
+    SCALE_IN = "scale_in"  # force-logoff by the autoscaler after a warning
+
+
+class HostState(StrEnum):
+    """A host is ``up`` while its heartbeat lease lives; ``draining`` gets no new sessions."""
+
+    UP = "up"
+    DRAINING = "draining"
+    DOWN = "down"
+
+
+class PlacementStrategy(StrEnum):
+    """AVD load-balancing meanings: breadth spreads, depth packs."""
+
+    BREADTH_FIRST = "breadth-first"
+    DEPTH_FIRST = "depth-first"
+
+
+class PoolKind(StrEnum):
+    DESKTOP = "desktop"
+    GAME = "game"
+
+
+class Role(StrEnum):
+    ADMIN = "admin"
+    NODE = "node"
+    USER = "user"
+
+
+# --- signaling (WebSocket /api/v1/sessions/{id}/signal) --------------------------------
+class SignalType(StrEnum):
+    """Messages relayed between the viewer and the node through the broker."""
+
+    OFFER = "offer"  # viewer -> node: {"type": "offer", "sdp": "..."}
+    ANSWER = "answer"  # node -> viewer: {"type": "answer", "sdp": "..."}
+    CANDIDATE = "candidate"  # either way: {"type": "candidate", "candidate": "...", "sdpMid": ..., ...}
+    BYE = "bye"  # either way: the peer is leaving
+    ERROR = "error"  # broker -> either: {"type": "error", "code": ..., "detail": ...}
+    PEER_JOINED = "peer_joined"  # broker -> either: the other side connected
+    PEER_LEFT = "peer_left"  # broker -> either: the other side disconnected
+
+
+SIGNAL_MAX_BYTES: Final = 64 * 1024  # an SDP with many candidates stays far below this
+
+
+# --- data channel (viewer <-> node) -------------------------------------------------
+INPUT_CHANNEL_LABEL: Final = "input"
+
+
+class InputType(StrEnum):
+    """Client -> node input messages (small JSON objects with a ``t`` field)."""
+
+    POINTER_MOVE = "pm"  # {"t":"pm","x":0..1,"y":0..1} relative to the video
+    POINTER_BUTTON = "pb"  # {"t":"pb","b":1..5,"d":true|false}
+    WHEEL = "pw"  # {"t":"pw","dx":-10..10,"dy":-10..10} in notches
+    KEY = "k"  # {"t":"k","c":"KeyA","d":true|false} KeyboardEvent.code
+    GAMEPAD = "gp"  # {"t":"gp","i":0..3,"ax":[-1..1]*<=8,"bt":[0..1]*<=17}
+    CLIPBOARD = "cb"  # {"t":"cb","text":"..."} <= CLIPBOARD_MAX_CHARS
+    RESIZE = "rs"  # {"t":"rs","w":...,"h":...} viewport size in pixels
+    PING = "ping"  # {"t":"ping","id":n,"ts":ms} -> node answers "pong"
+
+
+class NodeEventType(StrEnum):
+    """Node -> client messages on the same data channel."""
+
+    PONG = "pong"  # {"t":"pong","id":n,"ts":ms}
+    CLIPBOARD = "cb"  # {"t":"cb","text":"..."}
+    CURSOR = "cur"  # {"t":"cur","x":0..1,"y":0..1,"visible":bool}
+    WARNING = "warn"  # {"t":"warn","code":"ending_soon","detail":"...","ends_in_s":300}
+    STATS = "stats"  # {"t":"stats", ...per-session stream stats}
+
+
+CLIPBOARD_MAX_CHARS: Final = 65_536
+GAMEPAD_MAX_AXES: Final = 8
+GAMEPAD_MAX_BUTTONS: Final = 17
+GAMEPAD_MAX_INDEX: Final = 3
+POINTER_MAX_BUTTON: Final = 5
+WHEEL_MAX_NOTCHES: Final = 10
+
+
+# --- node assignment channel (broker -> node, Redis pub/sub relayed over WebSocket) --
+class NodeCommand(StrEnum):
+    """Commands the broker sends to a node over ``/api/v1/hosts/{id}/commands``."""
+
+    START = "start"  # {"cmd":"start","session":{...}}
+    STOP = "stop"  # {"cmd":"stop","session_id":"...","reason":"..."}
+    WARN = "warn"  # {"cmd":"warn","session_id":"...","code":"...","detail":"...","ends_in_s":n}
+    SIGNAL = "signal"  # {"cmd":"signal","session_id":"...","msg":{...signaling message}}
+
+
+class EventType(StrEnum):
+    """Session event stream (``/api/v1/sessions/{id}/events``) record types."""
+
+    STATE = "state"  # {"type":"state","state":...,"queue_position":n|null,"reason":...}
+    WARNING = "warning"  # {"type":"warning","code":...,"detail":...,"ends_in_s":n}
+
+
+def all_constants() -> dict[str, dict[str, str]]:
+    """Every enum in this module by name, for the JavaScript sync test and the OpenAPI document."""
+    enums: list[type[StrEnum]] = [
+        SessionState,
+        EndReason,
+        HostState,
+        PlacementStrategy,
+        PoolKind,
+        SignalType,
+        InputType,
+        NodeEventType,
+        NodeCommand,
+        EventType,
+    ]
+    return {e.__name__: {m.name: m.value for m in e} for e in enums}

@@ -1,0 +1,403 @@
+"""The broker's service layer: validates input, calls the live store and SQL, logs reasons.
+
+Handlers stay thin and call this; background loops (reaper, outbox recorder,
+sampler) call it too.  Policies (placement, timeouts) are pure modules; this
+layer performs their effects.  ``now_ms`` comes from an injected clock so
+integration tests can run the reaper at any instant.
+
+Concurrency: one Broker per process, shared by every request task.  Every
+state change is a single Lua step in Redis, so concurrent calls here (and in
+other replicas) cannot interleave halfway; SQL writes follow from the Redis
+outbox and are idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from broker.auth import Principal, turn_credentials
+from broker.db.repository import Repository
+from broker.errors import Conflict, Forbidden, NotFound, QueueFull, ValidationError
+from broker.lifecycle import SessionClock, Timeouts, reap, warn_before_end
+from broker.models import (
+    HEARTBEAT_SCHEMA,
+    SESSION_SCHEMA,
+    SESSION_STATE_SCHEMA,
+    PoolConfig,
+    Profile,
+    check_name,
+    parse_host,
+)
+from broker.protocol import API_PREFIX, EndReason, HostState, NodeCommand, Role, SessionState
+from broker.settings import BrokerSettings
+from broker.store.live import LiveStore
+from broker.validate import validate
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], int]
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Stats:
+    """Counters the metrics endpoint exports (process-local)."""
+
+    allocations: int = 0
+    sessions_ended: int = 0
+    hosts_lost: int = 0
+    outbox_written: int = 0
+
+
+class Broker:
+    def __init__(self, settings: BrokerSettings, live: LiveStore, repo: Repository,
+                 clock: Clock = wall_clock_ms, observe_allocation: Callable[[float], None] | None = None) -> None:
+        self.settings = settings
+        self.live = live
+        self.repo = repo
+        self.clock = clock
+        self.stats = Stats()
+        self._observe_allocation = observe_allocation or (lambda _s: None)
+        self._warned: set[str] = set()
+        self._orphans_seen: set[bytes] = set()
+
+    # ---- pools ---------------------------------------------------------------------------
+    async def put_pool(self, who: Principal, name: str, body: Any) -> tuple[bool, dict[str, Any]]:
+        cfg = PoolConfig.from_body(name, body)
+        now = self.clock()
+        created, seated = await self.live.put_pool(cfg, now)
+        await self.repo.save_pool(cfg.name, {k: v for k, v in cfg.to_dict().items() if k != "name"}, now)
+        await self.repo.audit(now, who.name, who.role, "pool.create" if created else "pool.update", name,
+                              cfg.to_dict())
+        if seated:
+            log.info("pool %s change seated %d queued sessions", name, len(seated))
+        return created, await self.pool_view(cfg)
+
+    async def pool_view(self, cfg: PoolConfig) -> dict[str, Any]:
+        return {**cfg.to_dict(), **await self.live.pool_summary(cfg)}
+
+    async def get_pool(self, name: str) -> PoolConfig:
+        cfg = await self.live.get_pool(name)
+        if cfg is None:
+            raise NotFound(f"no pool named {name!r}", field="pool")
+        return cfg
+
+    async def list_pools(self) -> list[dict[str, Any]]:
+        out = []
+        for name in await self.live.list_pools():
+            cfg = await self.live.get_pool(name)
+            if cfg is not None:
+                out.append(await self.pool_view(cfg))
+        return out
+
+    async def delete_pool(self, who: Principal, name: str) -> None:
+        status = await self.live.delete_pool(name)
+        if status == "not_found":
+            raise NotFound(f"no pool named {name!r}", field="pool")
+        if status == "busy":
+            raise Conflict(f"pool {name!r} still has hosts or queued sessions", field="pool")
+        await self.repo.delete_pool(name)
+        await self.repo.audit(self.clock(), who.name, who.role, "pool.delete", name)
+
+    async def restore_pools(self) -> int:
+        """Copy pool configs from SQL into Redis where Redis lost them (e.g. a fresh Redis)."""
+        restored = 0
+        for row in await self.repo.load_pools():
+            if await self.live.get_pool(row["name"]) is None:
+                await self.live.put_pool(PoolConfig.from_dict(row), self.clock())
+                restored += 1
+        return restored
+
+    # ---- hosts ---------------------------------------------------------------------------
+    async def register_host(self, body: Any) -> dict[str, Any]:
+        data, gpus = parse_host(body)
+        if await self.live.get_pool(data["pool"]) is None:
+            raise NotFound(f"no pool named {data['pool']!r}", field="pool")
+        now = self.clock()
+        status, _seated = await self.live.register_host(data["id"], data["pool"], data["address"], gpus, now,
+                                                        self.settings.lease_ttl_ms, data["version"])
+        if status == "wrong_pool":
+            raise Conflict(f"host {data['id']!r} has live sessions in another pool", field="pool")
+        if status == "unknown_pool":
+            raise NotFound(f"no pool named {data['pool']!r}", field="pool")
+        await self.repo.audit(now, data["id"], Role.NODE, "host.register", data["id"],
+                              {"pool": data["pool"], "address": data["address"], "gpus": len(gpus)})
+        return await self.get_host(data["id"])
+
+    async def get_host(self, host_id: str) -> dict[str, Any]:
+        hosts = await self.live.get_hosts([host_id])
+        if not hosts:
+            raise NotFound(f"no host {host_id!r}", field="host")
+        host = hosts[0]
+        cfg = await self.live.get_pool(host["pool"]) if host["pool"] else None
+        if cfg is not None:
+            loads = {h.host_id: h for h in await self.live.host_loads(cfg)}
+            if host_id in loads:
+                host["seats_total"] = loads[host_id].seats
+                host["seats_used"] = loads[host_id].used
+                for g, gl in zip(host["gpus"], loads[host_id].gpus, strict=False):
+                    g["seats"] = gl.seats
+        return host
+
+    async def list_hosts(self, pool: str | None = None) -> list[dict[str, Any]]:
+        return [await self.get_host(h["id"]) for h in await self.live.get_hosts(await self.live.host_ids(pool))]
+
+    async def heartbeat(self, host_id: str, body: Any) -> dict[str, Any]:
+        data = validate(body, HEARTBEAT_SCHEMA)
+        now = self.clock()
+        status, assigned = await self.live.heartbeat(host_id, now, self.settings.lease_ttl_ms, data)
+        if status == "unknown":
+            raise NotFound(f"host {host_id!r} is not registered (or was declared down): register again",
+                           field="host", extra={"reregister": True})
+        reported = {s["id"]: s for s in data["sessions"]}
+        live = {s["id"]: s for s in await self.live.get_sessions(assigned)}
+        stop: list[str] = []
+        for sid, rep in reported.items():
+            cur = live.get(sid)
+            if cur is None:
+                stop.append(sid)  # the broker ended it (or never had it): the node must stop it
+                continue
+            if rep["state"] in ("running", "disconnected") and rep["state"] != cur["state"]:
+                await self.live.set_session_state(sid, host_id, rep["state"], now)
+            if rep.get("last_input_ms"):
+                await self.live.touch(sid, min(int(rep["last_input_ms"]), now))
+        for sid, cur in live.items():
+            if sid not in reported and cur["state"] in (SessionState.RUNNING, SessionState.DISCONNECTED):
+                await self.end_session_internal(sid, EndReason.NODE_ENDED, "node no longer runs it")
+        start = [self.session_command(s) for s in live.values() if s["state"] == SessionState.STARTING
+                 and s["id"] not in reported]
+        return {"status": "ok", "start": start, "stop": stop, "lease_ttl_s": self.settings.host_lease_ttl_s}
+
+    async def set_host_state(self, who: Principal, host_id: str, state: HostState) -> dict[str, Any]:
+        status, _ = await self.live.set_host_state(host_id, state, self.clock())
+        if status == "not_found":
+            raise NotFound(f"no host {host_id!r}", field="host")
+        if status == "down":
+            raise Conflict(f"host {host_id!r} is down", field="host")
+        action = "host.drain" if state == HostState.DRAINING else "host.undrain"
+        await self.repo.audit(self.clock(), who.name, who.role, action, host_id)
+        return await self.get_host(host_id)
+
+    async def remove_host(self, who: Principal, host_id: str, force: bool) -> list[str]:
+        reason = EndReason.ADMIN if who.role == Role.ADMIN else EndReason.NODE_ENDED
+        status, ended = await self.live.remove_host(host_id, force, reason, self.clock())
+        if status == "not_found":
+            raise NotFound(f"no host {host_id!r}", field="host")
+        if status == "busy":
+            raise Conflict(f"host {host_id!r} still has {ended[0]} live session(s); drain it or force=true",
+                           field="force")
+        await self.repo.audit(self.clock(), who.name, who.role, "host.remove", host_id, {"ended": ended})
+        return ended
+
+    # ---- sessions ------------------------------------------------------------------------
+    async def create_session(self, who: Principal, body: Any) -> tuple[bool, dict[str, Any]]:
+        """Seat or queue a new session, or return the user's live one: (created, session view)."""
+        if who.role != Role.USER:
+            raise Forbidden("sessions are requested with a user token")
+        data = validate(body, SESSION_SCHEMA)
+        check_name(data["pool"], "pool")
+        profile = Profile.from_body(data["profile"])
+        t0 = time.perf_counter()
+        res = await self.live.create_session(uuid.uuid4().hex, who.name, data["pool"], profile.__dict__,
+                                             self.clock())
+        self._observe_allocation(time.perf_counter() - t0)
+        if res == "unknown_pool":
+            raise NotFound(f"no pool named {data['pool']!r}", field="pool")
+        if res == "queue_full":
+            raise QueueFull(f"pool {data['pool']!r} is full and its queue is at its limit; try later",
+                            field="pool")
+        assert not isinstance(res, str)
+        self.stats.allocations += res.status != "existing"
+        return res.status != "existing", await self.session_view(res.session_id)
+
+    async def _load_session(self, sid: str) -> dict[str, Any]:
+        s = await self.live.get_session(sid)
+        if s is None:
+            hist = await self.repo.get_history(sid)
+            if hist is None:
+                raise NotFound(f"no session {sid!r}", field="session")
+            return {**hist, "state": SessionState.ENDED.value}
+        return s
+
+    async def get_session(self, who: Principal, sid: str) -> dict[str, Any]:
+        s = await self._load_session(sid)
+        self.check_owner(who, s)
+        return await self.session_view(sid, s)
+
+    @staticmethod
+    def check_owner(who: Principal, s: dict[str, Any]) -> None:
+        if who.role == Role.ADMIN:
+            return
+        if who.role != Role.USER or who.name != s["user"]:
+            raise NotFound(f"no session {s['id']!r}", field="session")  # do not reveal others' ids
+
+    async def session_view(self, sid: str, s: dict[str, Any] | None = None) -> dict[str, Any]:
+        s = s or await self._load_session(sid)
+        view = {k: s.get(k) for k in ("id", "user", "pool", "kind", "state", "host", "gpu", "profile",
+                                        "created_ms", "seated_ms", "started_ms", "ended_ms", "end_reason")}
+        view["queue_position"] = (await self.live.queue_position(s["pool"], sid)
+                                  if s["state"] == SessionState.QUEUED else None)
+        if s["state"] in (SessionState.STARTING, SessionState.RUNNING, SessionState.DISCONNECTED):
+            view["signaling"] = {"url": f"{API_PREFIX}/sessions/{sid}/signal", "ice_servers": self.ice_servers(sid)}
+        view["events_url"] = f"{API_PREFIX}/sessions/{sid}/events"
+        return view
+
+    def ice_servers(self, sid: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if self.settings.stun_urls:
+            out.append({"urls": list(self.settings.stun_urls)})
+        if self.settings.turn_urls:
+            entry: dict[str, Any] = {"urls": list(self.settings.turn_urls)}
+            if self.settings.turn_secret:
+                user, pw = turn_credentials(self.settings.turn_secret, sid, self.clock() / 1000,
+                                            self.settings.turn_ttl_s)
+                entry.update(username=user, credential=pw)
+            out.append(entry)
+        return out
+
+    def session_command(self, s: dict[str, Any]) -> dict[str, Any]:
+        """The ``start`` payload a node needs to run a session."""
+        return {"cmd": NodeCommand.START.value, "session": {
+            "id": s["id"], "user": s["user"], "pool": s["pool"], "kind": s.get("kind"), "gpu": s.get("gpu"),
+            "profile": s.get("profile"), "ice_servers": self.ice_servers(s["id"])}}
+
+    async def end_session(self, who: Principal, sid: str) -> dict[str, Any]:
+        s = await self._load_session(sid)
+        self.check_owner(who, s)
+        reason = EndReason.ADMIN if who.role == Role.ADMIN else (
+            EndReason.CANCELLED if s["state"] == SessionState.QUEUED else EndReason.USER)
+        await self.end_session_internal(sid, reason, f"ended by {who.role}")
+        if who.role == Role.ADMIN:
+            await self.repo.audit(self.clock(), who.name, who.role, "session.end", sid, {"user": s["user"]})
+        return await self.session_view(sid)
+
+    async def end_session_internal(self, sid: str, reason: EndReason | str, why: str) -> str:
+        status, seated = await self.live.end_session(sid, str(reason), self.clock())
+        if status == "ended":
+            self.stats.sessions_ended += 1
+            log.info("session %s ended: %s (%s); seated from queue: %s", sid, reason, why, seated or "none")
+        return status
+
+    async def node_session_state(self, host_id: str, sid: str, body: Any) -> dict[str, Any]:
+        data = validate(body, SESSION_STATE_SCHEMA)
+        if data["state"] == "ended":
+            s = await self.live.get_session(sid)
+            if s is None or s.get("host") != host_id:
+                raise NotFound(f"no session {sid!r} on host {host_id!r}", field="session")
+            reason = data["reason"] if data["reason"] in {r.value for r in EndReason} else EndReason.NODE_ENDED
+            await self.end_session_internal(sid, reason, "reported by node")
+            return {"status": "ended"}
+        status = await self.live.set_session_state(sid, host_id, data["state"], self.clock())
+        if status in ("not_found", "wrong_host"):
+            raise NotFound(f"no session {sid!r} on host {host_id!r}", field="session")
+        if status == "illegal":
+            raise Conflict(f"session {sid!r} cannot become {data['state']}", field="state")
+        return {"status": status}
+
+    async def touch_session(self, sid: str) -> None:
+        await self.live.touch(sid, self.clock())
+
+    # ---- background steps (each is one pass; loops live in broker.app) -------------------
+    async def reap_once(self) -> list[tuple[str, str]]:
+        """End sessions past their timeouts and hosts past their lease. Returns (id, reason) ended."""
+        now = self.clock()
+        ended: list[tuple[str, str]] = []
+        for host_id in await self.live.host_ids():
+            hosts = await self.live.get_hosts([host_id])
+            if not hosts:
+                await self.live.redis.srem(self.live.keys.hosts, host_id)
+                continue
+            h = hosts[0]
+            if h["state"] != HostState.DOWN and not h["alive"]:
+                status, lost = await self.live.host_down(host_id, now)
+                if status == "down":
+                    self.stats.hosts_lost += 1
+                    log.warning("host %s lease expired: down, %d session(s) ended host_lost", host_id, len(lost))
+                    ended += [(s, EndReason.HOST_LOST.value) for s in lost]
+            elif h["state"] == HostState.DOWN and h["pool"]:
+                await self.live.redis.srem(self.live.keys.pool_hosts(h["pool"]), host_id)
+        pools: dict[str, PoolConfig | None] = {}
+        for s in await self.live.get_sessions(await self.live.live_session_ids()):
+            if s["pool"] not in pools:
+                pools[s["pool"]] = await self.live.get_pool(s["pool"])
+            cfg = pools[s["pool"]]
+            if cfg is None or s["state"] == SessionState.ENDED:
+                continue
+            t = Timeouts(cfg.queue_timeout_s, cfg.idle_timeout_s, cfg.disconnect_timeout_s, cfg.max_duration_s)
+            clock = SessionClock(SessionState(s["state"]), s["created_ms"], s["seated_ms"], s["last_active_ms"],
+                                 s["disconnected_ms"])
+            d = reap(clock, t, now)
+            if d.end and d.reason is not None:
+                if await self.end_session_internal(s["id"], d.reason, d.detail) == "ended":
+                    ended.append((s["id"], d.reason.value))
+                continue
+            left = warn_before_end(clock, t, now, self.settings.warn_before_end_s)
+            if left is not None and s["id"] not in self._warned and s["host"]:
+                self._warned.add(s["id"])
+                await self.warn(s, "ending_soon", f"session reaches its maximum duration in {left} s", left)
+        return ended
+
+    async def warn(self, s: dict[str, Any], code: str, detail: str, ends_in_s: int) -> None:
+        """Tell the viewer (events stream) and the node (data channel) that the session will end."""
+        msg = {"type": "warning", "session_id": s["id"], "code": code, "detail": detail, "ends_in_s": ends_in_s}
+        await self.live.redis.publish(self.live.keys.chan_session(s["id"]), json.dumps(msg))
+        if s.get("host"):
+            await self.live.redis.publish(self.live.keys.chan_node(s["host"]), json.dumps(
+                {"cmd": NodeCommand.WARN.value, "session_id": s["id"], "code": code, "detail": detail,
+                 "ends_in_s": ends_in_s}))
+
+    async def drain_outbox(self) -> int:
+        """Write session start/end records from Redis to SQL; returns how many were written."""
+        records = await self.live.outbox_take()
+        orphans = [r for r in await self.live.outbox_orphans() if r in self._orphans_seen and r not in records]
+        self._orphans_seen = set(await self.live.outbox_orphans()) - set(records)
+        written = 0
+        for rec in records + orphans:
+            item = json.loads(rec)
+            s = {k: (v if v != "" else None) for k, v in item["session"].items()}
+            if item["kind"] == "start":
+                await self.repo.record_start(s, int(item["ts_ms"]))
+            else:
+                await self.repo.record_end(s, int(item["ts_ms"]))
+            written += 1
+        await self.live.outbox_done(records + orphans)
+        self.stats.outbox_written += written
+        return written
+
+    async def sample_once(self) -> int:
+        """Record one utilization sample per pool (for charts and pool sizing)."""
+        now = self.clock()
+        rows = []
+        for p in await self.list_pools():
+            rows.append({"ts_ms": now, "pool": p["name"], "sessions": sum(p["sessions"].values())
+                         - p["sessions"].get("queued", 0), "seats_used": p["seats_used"],
+                         "seats_total": p["seats_total"], "queue_length": p["queue_length"],
+                         "hosts_up": p["hosts"].get("up", 0)})
+        await self.repo.add_samples(rows)
+        return len(rows)
+
+
+async def run_every(interval_s: float, step: Callable[[], Any], name: str) -> None:
+    """Run ``step`` forever every ``interval_s``; failures are logged and retried (task boundary)."""
+    while True:
+        try:
+            await step()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s failed; retrying in %.1f s", name, interval_s)
+        await asyncio.sleep(interval_s)
+
+
+def validation_error_for(field: str, detail: str) -> ValidationError:
+    return ValidationError(f"{field}: {detail}", field=field)

@@ -1,0 +1,87 @@
+"""Every Redis key pattern, pub/sub channel and TTL the broker uses.
+
+The Lua scripts build the same keys from the prefix passed as ``ARGV[1]``
+(see ``lua/prelude.lua``); ``tests/broker/test_store.py`` checks the two agree
+by reading keys the scripts wrote through this module.
+
+Key map (``P`` is the prefix, default ``rb``)::
+
+    P:pools                     set    pool names
+    P:pool:{pool}               hash   pool config (PoolConfig fields)
+    P:pool:{pool}:hosts         set    host ids registered in the pool
+    P:pool:{pool}:queue         list   queued session ids, head = next to seat
+    P:hosts                     set    every host id
+    P:host:{id}                 hash   pool, address, state, gpus (JSON), u:{gpu} used seats, telemetry
+    P:host:{id}:lease           string heartbeat lease, TTL = host_lease_ttl_s
+    P:host:{id}:sessions        set    session ids seated on the host
+    P:session:{id}              hash   session record; TTL ENDED_SESSION_TTL_S once ended
+    P:user:{user}:pool:{pool}   set    the user's live session ids in a pool
+    P:live                      set    every live (not ended) session id
+    P:outbox                    list   JSON records (session start/end) waiting for SQL
+    P:outbox:processing         list   records being written to SQL (recovered if a replica dies)
+    P:lock:{name}               string leader locks for once-per-cluster loops, TTL'd
+
+Channels: ``P:ev:session:{id}`` (state changes), ``P:ev:pool:{pool}`` (queue moved),
+``P:node:{host}`` (commands for a node), ``P:sig:{session}:client`` (signaling to the viewer).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+ENDED_SESSION_TTL_S: Final = 3600  # ended sessions stay readable for an hour, SQL keeps them forever
+DOWN_HOST_TTL_S: Final = 3600  # a down host's record is kept an hour for the dashboard
+DEFAULT_HOST_LEASE_TTL_S: Final = 15  # three missed 5 s heartbeats
+OUTBOX_STALE_MS: Final = 30_000  # a record in processing this long was orphaned by a dead replica
+
+
+class Keys:
+    """Key builders for one prefix (tests use a unique prefix per test)."""
+
+    def __init__(self, prefix: str = "rb") -> None:
+        self.prefix = prefix
+        self.pools = f"{prefix}:pools"
+        self.hosts = f"{prefix}:hosts"
+        self.live = f"{prefix}:live"
+        self.outbox = f"{prefix}:outbox"
+        self.outbox_processing = f"{prefix}:outbox:processing"
+
+    def pool(self, name: str) -> str:
+        return f"{self.prefix}:pool:{name}"
+
+    def pool_hosts(self, name: str) -> str:
+        return f"{self.prefix}:pool:{name}:hosts"
+
+    def pool_queue(self, name: str) -> str:
+        return f"{self.prefix}:pool:{name}:queue"
+
+    def host(self, host_id: str) -> str:
+        return f"{self.prefix}:host:{host_id}"
+
+    def host_lease(self, host_id: str) -> str:
+        return f"{self.prefix}:host:{host_id}:lease"
+
+    def host_sessions(self, host_id: str) -> str:
+        return f"{self.prefix}:host:{host_id}:sessions"
+
+    def session(self, session_id: str) -> str:
+        return f"{self.prefix}:session:{session_id}"
+
+    def user_sessions(self, user: str, pool: str) -> str:
+        return f"{self.prefix}:user:{user}:pool:{pool}"
+
+    def lock(self, name: str) -> str:
+        return f"{self.prefix}:lock:{name}"
+
+    # pub/sub channels
+    def chan_session(self, session_id: str) -> str:
+        return f"{self.prefix}:ev:session:{session_id}"
+
+    def chan_pool(self, pool: str) -> str:
+        return f"{self.prefix}:ev:pool:{pool}"
+
+    def chan_node(self, host_id: str) -> str:
+        return f"{self.prefix}:node:{host_id}"
+
+    def chan_signal_client(self, session_id: str) -> str:
+        return f"{self.prefix}:sig:{session_id}:client"

@@ -1,0 +1,41 @@
+-- ARGV: prefix, session_id, user, pool, profile_json, now_ms
+-- Returns {status, session_id[, queue_position]} with status one of
+-- seated | queued | existing | unknown_pool | queue_full.
+local sid, user, pool, profile, now = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local cfg = pool_cfg(pool)
+if cfg == nil then return {'unknown_pool', ''} end
+
+-- Per-user limit, and reconnect: a user at the limit gets their oldest live session back.
+local ukey = k_user(user, pool)
+local live = {}
+for _, other in ipairs(redis.call('SMEMBERS', ukey)) do
+  local f = redis.call('HMGET', k_session(other), 'state', 'created_ms')
+  if f[1] == false or f[1] == 'ended' then
+    redis.call('SREM', ukey, other)
+  else
+    table.insert(live, {id = other, created = tonumber(f[2])})
+  end
+end
+if #live >= tonumber(cfg['max_sessions_per_user']) then
+  table.sort(live, function(a, b) return a.created < b.created or (a.created == b.created and a.id < b.id) end)
+  return {'existing', live[1].id}
+end
+
+local qkey = k_queue(pool)
+local qlen = redis.call('LLEN', qkey)
+local host, gpu = nil, nil
+if qlen == 0 then host, gpu = pick(pool, cfg) end  -- FIFO: nobody jumps a non-empty queue
+if host == nil and qlen >= tonumber(cfg['max_queue']) then return {'queue_full', ''} end
+
+redis.call('HSET', k_session(sid), 'user', user, 'pool', pool, 'kind', cfg['kind'], 'profile', profile,
+           'state', 'queued', 'created_ms', now, 'host', '', 'gpu', '', 'seated_ms', 0, 'started_ms', 0,
+           'last_active_ms', now, 'disconnected_ms', 0, 'ended_ms', 0, 'end_reason', '')
+redis.call('SADD', ukey, sid)
+redis.call('SADD', k_live(), sid)
+if host ~= nil then
+  bind(sid, pool, host, gpu, now)
+  return {'seated', sid}
+end
+local pos = redis.call('RPUSH', qkey, sid)
+publish_state(sid, 'queued', {queue_position = pos})
+return {'queued', sid, pos}

