@@ -1,0 +1,384 @@
+"""Adaptive bitrate policy for one video sender: viewer feedback in, target bitrate out.
+
+Job: turn what a WebRTC sender can observe -- the viewer's REMB estimate, RTCP receiver
+reports (fraction lost, cumulative loss, interarrival jitter, round-trip time) and the
+sender's own measured send rate -- into the encoder's target bitrate, with a stable
+reason for every decision (decide, then apply: the session runtime sets the encoder's
+bit rate and logs the reason; this module does neither).
+
+Concurrency model: none. `decide(state, feedback, now_ms)` is a pure function of its
+arguments: no clock (time is the caller's `now_ms`), no I/O, no asyncio, no aiortc
+import. States and decisions are frozen values, so decisions can be logged, asserted on
+and replayed. aiortc's `rate.py` (AIMD rate control, every method takes `now_ms`) is the
+model; the constants below follow Google Congestion Control (GCC).
+
+The algorithm, per update:
+  1. Delay signal: each fresh jitter/RTT sample is compared with its windowed minimum
+     over the last `BASELINE_WINDOW_MS`; a sample above baseline + threshold is "high".
+     `DELAY_OVERUSE_SAMPLES` consecutive high samples mean queues are building: cut to
+     85 % of the rate the path carried, before any loss shows up. One high sample only
+     pauses the ramp (a single noisy sample never cuts).
+  2. Loss signal (GCC): a fresh report with loss > 10 % cuts rate *= (1 - 0.5 * loss);
+     loss 2-10 % holds; loss < 2 % lets the rate grow.
+  3. After a cut, hold (no increase, no further cut) for max(`MIN_HOLD_MS`, RTT).
+  4. Otherwise ramp: multiplicative (+8 %/s) far from the last congested rate, additive
+     (about one packet per response time, RTT + 100 ms) within +-20 % of it.
+  5. Cap at `REMB_HEADROOM_PERCENT` of the REMB (headroom for audio and the input data
+     channel), then clamp to the profile's [min_bps, max_bps].
+
+Invariants:
+  - `profile.min_bps <= target_bps <= profile.max_bps` in every decision.
+  - `target_bps <= remb_bps * REMB_HEADROOM_PERCENT // 100` whenever a REMB is known and
+    that cap is at least `profile.min_bps` (the minimum wins: the encoder cannot usefully
+    go lower; the quality ladder steps resolution/fps down instead).
+  - At most one cut per hold period; no increase during a hold, while the latest loss
+    is >= 2 %, or while the latest delay sample is high.
+  - Time never goes backwards: `now_ms` lower than the previous update's raises.
+
+Units: `*_bps` bits per second, `*_ms` milliseconds, `fraction_lost` in RTCP's 8-bit
+fixed point (lost / expected * 256, 0-255), jitter in milliseconds (convert RTCP's RTP
+timestamp units with `jitter_ms_from_rtp`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+# --- profiles (bits per second) ---------------------------------------------------------
+DESKTOP_MIN_BPS = 300_000
+DESKTOP_MAX_BPS = 8_000_000
+DESKTOP_START_BPS = 2_000_000
+GAME_MIN_BPS = 1_000_000
+GAME_MAX_BPS = 25_000_000
+GAME_START_BPS = 5_000_000
+
+# --- REMB cap ---------------------------------------------------------------------------
+# Target <= 85 % of the viewer's REMB: leaves room for audio and the input data channel,
+# which otherwise queues behind video under congestion (measured: 729 ms input RTT).
+REMB_HEADROOM_PERCENT = 85
+
+# --- loss signal (GCC thresholds, as ratios of lost / expected packets) -----------------
+LOSS_INCREASE_MAX_RATIO = 0.02  # below: the rate may grow
+LOSS_DECREASE_MIN_RATIO = 0.10  # above: cut rate *= (1 - 0.5 * loss)
+FRACTION_LOST_SCALE = 256  # RTCP fraction lost is lost / expected * 256
+
+# --- delay signal -----------------------------------------------------------------------
+BASELINE_WINDOW_MS = 10_000  # jitter and RTT baselines are minima over this window
+JITTER_RISE_THRESHOLD_MS = 10.0  # jitter above baseline + this is "high"
+RTT_RISE_MIN_MS = 25.0  # RTT above baseline + max(this, fraction * baseline) is "high"
+RTT_RISE_FRACTION = 0.25
+DELAY_OVERUSE_SAMPLES = 2  # consecutive high samples before a delay backoff
+DELAY_BACKOFF_PERCENT = 85  # GCC: cut to 85 % of the rate the path carried
+# A send rate under half the target means the encoder is application-limited (a static
+# desktop): it says nothing about the path, so the delay backoff starts from the target.
+APP_LIMITED_PERCENT = 50
+
+# --- hold after a cut -------------------------------------------------------------------
+MIN_HOLD_MS = 300  # hold for max(MIN_HOLD_MS, RTT) after a cut before increasing again
+
+# --- ramp-up ----------------------------------------------------------------------------
+MULTIPLICATIVE_INCREASE_PER_S = 1.08  # +8 % per second far from the known capacity
+MIN_MULTIPLICATIVE_INCREASE_BPS = 1_000
+MAX_RAMP_INTERVAL_MS = 1_000  # a feedback gap never counts for more than this
+NEAR_CAPACITY_PERCENT = 20  # within +-20 % of the last congested rate: additive increase
+PACKET_SIZE_BITS = 1_200 * 8  # additive increase: about one packet per response time
+RESPONSE_TIME_EXTRA_MS = 100  # response time = RTT + this (GCC)
+DEFAULT_RTT_MS = 200  # used for the additive rate until the first RTT is known
+MIN_ADDITIVE_INCREASE_BPS_PER_S = 4_000
+
+RTP_VIDEO_CLOCK_RATE_HZ = 90_000
+
+
+class BitrateReason(StrEnum):
+    """Why a decision's target is what it is. Values are stable strings for logs/metrics."""
+
+    START = "start"  # first decision: the profile's start bitrate
+    HOLD = "hold"  # unchanged: in a post-cut hold, loss 2-10 %, or a delay sample is high
+    RAMP_MULTIPLICATIVE = "ramp_multiplicative"  # +8 %/s, far from the known capacity
+    RAMP_ADDITIVE = "ramp_additive"  # ~one packet per response time, near the capacity
+    DELAY_BACKOFF = "delay_backoff"  # jitter/RTT rose above baseline for several samples
+    LOSS_BACKOFF = "loss_backoff"  # loss > 10 %: rate *= (1 - 0.5 * loss)
+    REMB_CAP = "remb_cap"  # limited to REMB_HEADROOM_PERCENT of the viewer's REMB
+    MIN_CLAMP = "min_clamp"  # raised to the profile minimum
+    MAX_CLAMP = "max_clamp"  # limited to the profile maximum
+
+
+@dataclass(frozen=True, slots=True)
+class BitrateProfile:
+    """Bitrate bounds for a kind of session; build one directly for a custom profile."""
+
+    name: str
+    min_bps: int
+    max_bps: int
+    start_bps: int
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_bps <= self.start_bps <= self.max_bps:
+            raise ValueError(f"profile {self.name!r} needs 0 < min_bps <= start_bps <= max_bps")
+
+
+DESKTOP_PROFILE = BitrateProfile("desktop", DESKTOP_MIN_BPS, DESKTOP_MAX_BPS, DESKTOP_START_BPS)
+GAME_PROFILE = BitrateProfile("game", GAME_MIN_BPS, GAME_MAX_BPS, GAME_START_BPS)
+
+
+@dataclass(frozen=True, slots=True)
+class Feedback:
+    """What arrived since the previous update; None means "not in this update".
+
+    remb_bps: the viewer's REMB estimate. fraction_lost: from an RTCP receiver report,
+    RTCP's 8-bit fixed point (lost / expected * 256, 0-255), loss over that report's
+    interval. cumulative_lost: the report's cumulative packets lost (may go negative with
+    duplicates; reported as a delta in the signals, not used for control). jitter_ms: the
+    report's interarrival jitter in milliseconds. rtt_ms: round-trip time in
+    milliseconds. send_rate_bps: the sender's own measured send rate.
+    """
+
+    remb_bps: int | None = None
+    fraction_lost: int | None = None
+    cumulative_lost: int | None = None
+    jitter_ms: float | None = None
+    rtt_ms: float | None = None
+    send_rate_bps: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.fraction_lost is not None and not 0 <= self.fraction_lost <= 255:
+            raise ValueError("fraction_lost is RTCP's 0-255 fixed point")
+        for name in ("remb_bps", "send_rate_bps", "jitter_ms", "rtt_ms"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class BitrateSignals:
+    """The signals a decision used (latest known values and derived baselines)."""
+
+    remb_bps: int | None
+    remb_cap_bps: int | None
+    send_rate_bps: int | None
+    fraction_lost: int
+    loss_ratio: float
+    lost_packets_delta: int | None
+    jitter_ms: float | None
+    jitter_baseline_ms: float | None
+    rtt_ms: float | None
+    rtt_baseline_ms: float | None
+    delay_high_samples: int
+    capacity_bps: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class BitrateState:
+    """Everything the controller remembers between updates. Create with `initial_state`.
+
+    `jitter_minima`/`rtt_minima` are monotonic windowed-minimum queues of (time_ms,
+    value_ms): values strictly increase front to back, the front is the baseline.
+    `capacity_bps` is the rate at which congestion was last seen (None: unknown).
+    """
+
+    profile: BitrateProfile
+    target_bps: int
+    started: bool = False
+    last_update_ms: int | None = None
+    hold_until_ms: int | None = None
+    capacity_bps: int | None = None
+    remb_bps: int | None = None
+    send_rate_bps: int | None = None
+    fraction_lost: int = 0
+    cumulative_lost: int | None = None
+    jitter_ms: float | None = None
+    rtt_ms: float | None = None
+    jitter_minima: tuple[tuple[int, float], ...] = ()
+    rtt_minima: tuple[tuple[int, float], ...] = ()
+    delay_high_samples: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BitrateDecision:
+    """One decision: the target to apply, why, the signals used, and the next state.
+
+    `changed` is True when target_bps differs from the previous target. `state` is the
+    state to pass to the next `decide` call (left out of repr and equality).
+    """
+
+    target_bps: int
+    reason: BitrateReason
+    changed: bool
+    signals: BitrateSignals
+    state: BitrateState = field(repr=False, compare=False)
+
+
+def initial_state(profile: BitrateProfile) -> BitrateState:
+    """A fresh controller state for `profile`; the first `decide` returns its start rate."""
+    return BitrateState(profile=profile, target_bps=profile.start_bps)
+
+
+def jitter_ms_from_rtp(jitter_rtp_units: float, clock_rate_hz: int = RTP_VIDEO_CLOCK_RATE_HZ) -> float:
+    """Convert RTCP interarrival jitter from RTP timestamp units to milliseconds."""
+    return jitter_rtp_units * 1000.0 / clock_rate_hz
+
+
+def remb_cap_bps(remb_bps: int) -> int:
+    """The highest target allowed under a REMB estimate (REMB minus headroom)."""
+    return remb_bps * REMB_HEADROOM_PERCENT // 100
+
+
+def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecision:
+    """Fold `feedback` (arrived at `now_ms`) into `state` and decide the target bitrate.
+
+    Call it on every RTCP feedback (receiver report and/or REMB), with the send rate
+    when known; calling it on a timer with an empty `Feedback()` is allowed (it ramps or
+    holds on the latest known signals). Cuts happen only on fresh samples.
+    """
+    if state.last_update_ms is not None and now_ms < state.last_update_ms:
+        raise ValueError(f"now_ms {now_ms} is before the previous update {state.last_update_ms}")
+    profile = state.profile
+
+    # -- absorb the inputs ----------------------------------------------------------------
+    remb = feedback.remb_bps if feedback.remb_bps is not None else state.remb_bps
+    send_rate = feedback.send_rate_bps if feedback.send_rate_bps is not None else state.send_rate_bps
+    rtt = feedback.rtt_ms if feedback.rtt_ms is not None else state.rtt_ms
+    jitter = feedback.jitter_ms if feedback.jitter_ms is not None else state.jitter_ms
+    fresh_loss = feedback.fraction_lost is not None
+    fraction_lost = feedback.fraction_lost if feedback.fraction_lost is not None else state.fraction_lost
+    loss_ratio = fraction_lost / FRACTION_LOST_SCALE
+    lost_delta: int | None = None
+    cumulative_lost = state.cumulative_lost
+    if feedback.cumulative_lost is not None:
+        if cumulative_lost is not None:
+            lost_delta = feedback.cumulative_lost - cumulative_lost
+        cumulative_lost = feedback.cumulative_lost
+
+    # -- delay signal: fresh samples against their windowed minima --------------------------
+    jitter_minima = state.jitter_minima
+    rtt_minima = state.rtt_minima
+    high = False
+    if feedback.jitter_ms is not None:
+        jitter_minima = _push_minimum(jitter_minima, now_ms, feedback.jitter_ms)
+        high = feedback.jitter_ms > jitter_minima[0][1] + JITTER_RISE_THRESHOLD_MS
+    if feedback.rtt_ms is not None:
+        rtt_minima = _push_minimum(rtt_minima, now_ms, feedback.rtt_ms)
+        rtt_base = rtt_minima[0][1]
+        high = high or feedback.rtt_ms > rtt_base + max(RTT_RISE_MIN_MS, RTT_RISE_FRACTION * rtt_base)
+    fresh_delay = feedback.jitter_ms is not None or feedback.rtt_ms is not None
+    delay_high_samples = state.delay_high_samples
+    if fresh_delay:
+        delay_high_samples = delay_high_samples + 1 if high else 0
+
+    # -- candidate target -------------------------------------------------------------------
+    target = state.target_bps
+    capacity = state.capacity_bps
+    hold_until = state.hold_until_ms
+    in_hold = hold_until is not None and now_ms < hold_until
+    reason: BitrateReason
+    if not state.started:
+        candidate, reason = profile.start_bps, BitrateReason.START
+    else:
+        cuts: list[tuple[int, BitrateReason, int]] = []  # (new target, reason, congested rate)
+        if fresh_loss and loss_ratio > LOSS_DECREASE_MIN_RATIO and not in_hold:
+            # rate *= (1 - 0.5 * loss), with loss = fraction_lost / 256, in exact integers
+            cut = target * (2 * FRACTION_LOST_SCALE - fraction_lost) // (2 * FRACTION_LOST_SCALE)
+            cuts.append((cut, BitrateReason.LOSS_BACKOFF, target))
+        if fresh_delay and delay_high_samples >= DELAY_OVERUSE_SAMPLES and not in_hold:
+            carried = target
+            if send_rate is not None and send_rate * 100 >= target * APP_LIMITED_PERCENT:
+                carried = min(target, send_rate)
+            cuts.append((carried * DELAY_BACKOFF_PERCENT // 100, BitrateReason.DELAY_BACKOFF, carried))
+        if cuts:
+            candidate, reason, capacity = min(cuts, key=lambda c: c[0])
+            hold_until = now_ms + max(MIN_HOLD_MS, int(rtt or 0))
+            delay_high_samples = 0  # this congestion event is answered; a new one must persist
+        elif in_hold or loss_ratio >= LOSS_INCREASE_MAX_RATIO or delay_high_samples > 0:
+            candidate, reason = target, BitrateReason.HOLD
+        else:
+            candidate, reason, capacity = _ramp(state, rtt, now_ms)
+
+    # -- caps: REMB (with headroom), then the profile's bounds ---------------------------
+    remb_cap = remb_cap_bps(remb) if remb is not None else None
+    if remb_cap is not None and candidate > remb_cap:
+        candidate, reason = remb_cap, BitrateReason.REMB_CAP
+    if candidate < profile.min_bps:
+        candidate, reason = profile.min_bps, BitrateReason.MIN_CLAMP
+    elif candidate > profile.max_bps:
+        candidate, reason = profile.max_bps, BitrateReason.MAX_CLAMP
+
+    new_state = replace(
+        state,
+        target_bps=candidate,
+        started=True,
+        last_update_ms=now_ms,
+        hold_until_ms=hold_until,
+        capacity_bps=capacity,
+        remb_bps=remb,
+        send_rate_bps=send_rate,
+        fraction_lost=fraction_lost,
+        cumulative_lost=cumulative_lost,
+        jitter_ms=jitter,
+        rtt_ms=rtt,
+        jitter_minima=jitter_minima,
+        rtt_minima=rtt_minima,
+        delay_high_samples=delay_high_samples,
+    )
+    signals = BitrateSignals(
+        remb_bps=remb,
+        remb_cap_bps=remb_cap,
+        send_rate_bps=send_rate,
+        fraction_lost=fraction_lost,
+        loss_ratio=loss_ratio,
+        lost_packets_delta=lost_delta,
+        jitter_ms=jitter,
+        jitter_baseline_ms=jitter_minima[0][1] if jitter_minima else None,
+        rtt_ms=rtt,
+        rtt_baseline_ms=rtt_minima[0][1] if rtt_minima else None,
+        delay_high_samples=delay_high_samples,
+        capacity_bps=capacity,
+    )
+    return BitrateDecision(
+        target_bps=candidate,
+        reason=reason,
+        changed=not state.started or candidate != state.target_bps,
+        signals=signals,
+        state=new_state,
+    )
+
+
+def _ramp(state: BitrateState, rtt_ms: float | None, now_ms: int) -> tuple[int, BitrateReason, int | None]:
+    """Increase for the time since the previous update (post-hold time only, <= 1 s).
+
+    Returns (candidate, reason, capacity): the capacity is forgotten once the target has
+    grown past its near band (the path evidently carries more now).
+    """
+    target = state.target_bps
+    capacity = state.capacity_bps
+    since_ms = state.last_update_ms if state.last_update_ms is not None else now_ms
+    if state.hold_until_ms is not None:
+        since_ms = max(since_ms, state.hold_until_ms)
+    elapsed_ms = min(now_ms - since_ms, MAX_RAMP_INTERVAL_MS)
+    if elapsed_ms <= 0:
+        return target, BitrateReason.HOLD, capacity
+    near = capacity is not None and target * 100 >= capacity * (100 - NEAR_CAPACITY_PERCENT)
+    if near:
+        response_time_ms = int(rtt_ms if rtt_ms is not None else DEFAULT_RTT_MS) + RESPONSE_TIME_EXTRA_MS
+        rate_bps_per_s = max(MIN_ADDITIVE_INCREASE_BPS_PER_S, PACKET_SIZE_BITS * 1000 // response_time_ms)
+        new_target = target + elapsed_ms * rate_bps_per_s // 1000
+        reason = BitrateReason.RAMP_ADDITIVE
+    else:
+        alpha = MULTIPLICATIVE_INCREASE_PER_S ** (elapsed_ms / 1000)
+        new_target = target + max(int((alpha - 1) * target), MIN_MULTIPLICATIVE_INCREASE_BPS)
+        reason = BitrateReason.RAMP_MULTIPLICATIVE
+    if capacity is not None and new_target * 100 > capacity * (100 + NEAR_CAPACITY_PERCENT):
+        capacity = None
+    return new_target, reason, capacity
+
+
+def _push_minimum(
+    minima: tuple[tuple[int, float], ...], now_ms: int, value: float
+) -> tuple[tuple[int, float], ...]:
+    """Add a sample to a monotonic windowed-minimum queue; the front is the minimum.
+
+    Drops entries older than BASELINE_WINDOW_MS and entries not below the new value
+    (they can never be the minimum again), so the queue stays short.
+    """
+    kept = tuple((t_ms, v) for t_ms, v in minima if t_ms > now_ms - BASELINE_WINDOW_MS and v < value)
+    return (*kept, (now_ms, value))

@@ -1,0 +1,384 @@
+"""Table tests for the pure bitrate controller: fake clock (plain integers), exact numbers."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from streamer.bitrate import (
+    DESKTOP_PROFILE,
+    GAME_PROFILE,
+    BitrateDecision,
+    BitrateProfile,
+    BitrateState,
+    Feedback,
+    decide,
+    initial_state,
+    jitter_ms_from_rtp,
+    remb_cap_bps,
+)
+
+PROFILE = BitrateProfile("test", min_bps=100_000, max_bps=50_000_000, start_bps=1_000_000)
+CLEAN = Feedback(fraction_lost=0, jitter_ms=3.0, rtt_ms=50.0)  # additive rate: 9600*1000//150 = 64_000
+
+
+def run(steps: list[tuple[int, Feedback]], state: BitrateState | None = None) -> list[BitrateDecision]:
+    """Feed (now_ms, feedback) steps in order; return every decision."""
+    state = state if state is not None else initial_state(PROFILE)
+    decisions = []
+    for now_ms, feedback in steps:
+        decision = decide(state, feedback, now_ms)
+        decisions.append(decision)
+        state = decision.state
+    return decisions
+
+
+def targets(decisions: list[BitrateDecision]) -> list[int]:
+    return [d.target_bps for d in decisions]
+
+
+def reasons(decisions: list[BitrateDecision]) -> list[str]:
+    return [str(d.reason) for d in decisions]
+
+
+# --- start ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("profile", "feedback", "target", "reason"),
+    [
+        (PROFILE, CLEAN, 1_000_000, "start"),
+        (DESKTOP_PROFILE, Feedback(), 2_000_000, "start"),
+        (GAME_PROFILE, Feedback(), 5_000_000, "start"),
+        (GAME_PROFILE, Feedback(remb_bps=3_000_000), 2_550_000, "remb_cap"),
+        (DESKTOP_PROFILE, Feedback(remb_bps=200_000), 300_000, "min_clamp"),
+    ],
+)
+def test_first_decision(profile: BitrateProfile, feedback: Feedback, target: int, reason: str) -> None:
+    decision = decide(initial_state(profile), feedback, 0)
+    assert (decision.target_bps, decision.reason, decision.changed) == (target, reason, True)
+
+
+def test_profile_constants() -> None:
+    assert (DESKTOP_PROFILE.min_bps, DESKTOP_PROFILE.max_bps) == (300_000, 8_000_000)
+    assert (GAME_PROFILE.min_bps, GAME_PROFILE.max_bps) == (1_000_000, 25_000_000)
+
+
+# --- ramp-up ----------------------------------------------------------------------------
+
+
+def test_multiplicative_ramp_is_8_percent_per_second() -> None:
+    decisions = run([(t, CLEAN) for t in range(0, 6_000, 1_000)])
+    assert targets(decisions) == [1_000_000, 1_080_000, 1_166_400, 1_259_712, 1_360_488, 1_469_327]
+    assert reasons(decisions) == ["start"] + ["ramp_multiplicative"] * 5
+
+
+def test_multiplicative_ramp_in_half_second_steps() -> None:
+    # alpha = 1.08 ** 0.5 per step, truncated to whole bps: ~8 %/s whatever the report rate
+    decisions = run([(t, CLEAN) for t in range(0, 2_500, 500)])
+    assert targets(decisions) == [1_000_000, 1_039_230, 1_079_999, 1_122_367, 1_166_398]
+
+
+def test_feedback_gap_counts_at_most_one_second() -> None:
+    decisions = run([(0, CLEAN), (5_000, CLEAN)])
+    assert targets(decisions) == [1_000_000, 1_080_000]
+
+
+def test_timer_update_without_feedback_ramps_on_latest_signals() -> None:
+    decisions = run([(0, CLEAN), (1_000, Feedback())])
+    assert (decisions[1].target_bps, decisions[1].reason) == (1_080_000, "ramp_multiplicative")
+
+
+def test_same_millisecond_update_holds() -> None:
+    decisions = run([(0, CLEAN), (1_000, CLEAN), (1_000, CLEAN)])
+    assert targets(decisions) == [1_000_000, 1_080_000, 1_080_000]
+    assert reasons(decisions)[2] == "hold"
+    assert decisions[2].changed is False
+
+
+# --- delay signal -----------------------------------------------------------------------
+
+
+def test_jitter_rise_backs_off_before_any_loss() -> None:
+    high_jitter = Feedback(fraction_lost=0, jitter_ms=20.0, rtt_ms=50.0)  # baseline 3 + 10 < 20
+    decisions = run(
+        [
+            (0, CLEAN),
+            (1_000, CLEAN),
+            (2_000, high_jitter),
+            (3_000, high_jitter),
+            (4_000, CLEAN),
+            (5_000, CLEAN),
+        ]
+    )
+    assert reasons(decisions) == [
+        "start",
+        "ramp_multiplicative",
+        "hold",  # one high sample: stop ramping, do not cut
+        "delay_backoff",  # second consecutive high sample: 85 % of 1_080_000
+        "ramp_additive",  # 700 ms after the 300 ms hold, +64_000 bps/s near capacity
+        "ramp_additive",
+    ]
+    assert targets(decisions) == [1_000_000, 1_080_000, 1_080_000, 918_000, 962_800, 1_026_800]
+    assert all(d.signals.fraction_lost == 0 and d.signals.loss_ratio == 0.0 for d in decisions)
+    cut = decisions[3].signals
+    assert (cut.jitter_ms, cut.jitter_baseline_ms, cut.capacity_bps) == (20.0, 3.0, 1_080_000)
+
+
+def test_rtt_rise_backs_off() -> None:
+    # threshold is baseline + max(25 ms, 25 % of baseline) = 65 ms above a 40 ms baseline
+    decisions = run(
+        [
+            (0, Feedback(fraction_lost=0, rtt_ms=40.0)),
+            (1_000, Feedback(fraction_lost=0, rtt_ms=65.0)),
+            (2_000, Feedback(fraction_lost=0, rtt_ms=70.0)),
+            (3_000, Feedback(fraction_lost=0, rtt_ms=80.0)),
+        ]
+    )
+    assert reasons(decisions) == ["start", "ramp_multiplicative", "hold", "delay_backoff"]
+    assert targets(decisions) == [1_000_000, 1_080_000, 1_080_000, 918_000]
+    assert decisions[3].state.hold_until_ms == 3_300  # max(300 ms, 80 ms RTT)
+
+
+def test_single_noisy_jitter_sample_never_cuts() -> None:
+    spike = Feedback(fraction_lost=0, jitter_ms=30.0, rtt_ms=50.0)
+    decisions = run([(0, CLEAN), (1_000, CLEAN), (2_000, spike), (3_000, CLEAN), (4_000, CLEAN)])
+    assert targets(decisions) == [1_000_000, 1_080_000, 1_080_000, 1_166_400, 1_259_712]
+    assert reasons(decisions) == [
+        "start",
+        "ramp_multiplicative",
+        "hold",
+        "ramp_multiplicative",
+        "ramp_multiplicative",
+    ]
+
+
+def test_isolated_spikes_between_normal_samples_never_cut() -> None:
+    spike = Feedback(fraction_lost=0, jitter_ms=30.0, rtt_ms=50.0)
+    steps = [(t, spike if (t // 1_000) % 2 else CLEAN) for t in range(0, 10_000, 1_000)]
+    decisions = run(steps)
+    assert "delay_backoff" not in reasons(decisions)
+    assert targets(decisions) == sorted(targets(decisions))  # never decreases
+
+
+@pytest.mark.parametrize(
+    ("send_rate_bps", "target"),
+    [
+        (None, 850_000),  # no send rate: 85 % of the target
+        (900_000, 765_000),  # the path carried 900 kbps: 85 % of that
+        (1_200_000, 850_000),  # never above the target it replaces
+        (500_000, 425_000),  # exactly half the target still counts as path evidence
+        (400_000, 850_000),  # under half: application-limited, say nothing of the path
+    ],
+)
+def test_delay_backoff_base(send_rate_bps: int | None, target: int) -> None:
+    high = Feedback(fraction_lost=0, jitter_ms=20.0, rtt_ms=50.0, send_rate_bps=send_rate_bps)
+    decisions = run([(0, CLEAN), (500, high), (500, high)])
+    assert (decisions[2].target_bps, decisions[2].reason) == (target, "delay_backoff")
+
+
+def test_baseline_window_adopts_a_persistent_new_jitter_level() -> None:
+    high = Feedback(fraction_lost=0, jitter_ms=20.0, rtt_ms=50.0)
+    decisions = run([(0, CLEAN)] + [(t, high) for t in range(1_000, 11_000, 1_000)])
+    # each cut resets the persistence count: a new cut needs two fresh high samples
+    assert reasons(decisions) == [
+        "start",
+        "hold",
+        "delay_backoff",
+        "hold",
+        "delay_backoff",
+        "hold",
+        "delay_backoff",
+        "hold",
+        "delay_backoff",
+        "hold",
+        "ramp_additive",  # t=10_000: the 3 ms sample left the 10 s window; 20 ms is the baseline
+    ]
+    assert decisions[-1].signals.jitter_baseline_ms == 20.0
+
+
+# --- loss signal ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fraction_lost", "target", "reason"),
+    [
+        (0, 1_080_000, "ramp_multiplicative"),
+        (5, 1_080_000, "ramp_multiplicative"),  # 1.95 % < 2 %: increase
+        (6, 1_000_000, "hold"),  # 2.34 %: hold
+        (25, 1_000_000, "hold"),  # 9.77 %: hold
+        (26, 949_218, "loss_backoff"),  # 10.16 %: 1e6 * (1 - 0.5 * 26/256)
+        (64, 875_000, "loss_backoff"),  # 25 %
+        (128, 750_000, "loss_backoff"),  # 50 %
+        (255, 501_953, "loss_backoff"),  # 99.6 %
+    ],
+)
+def test_loss_table(fraction_lost: int, target: int, reason: str) -> None:
+    feedback = Feedback(fraction_lost=fraction_lost, jitter_ms=3.0, rtt_ms=50.0)
+    decisions = run([(0, CLEAN), (1_000, feedback)])
+    assert (decisions[1].target_bps, decisions[1].reason) == (target, reason)
+    assert decisions[1].signals.loss_ratio == fraction_lost / 256
+
+
+def test_loss_burst_cuts_once_then_holds_one_rtt() -> None:
+    clean = Feedback(fraction_lost=0, jitter_ms=3.0, rtt_ms=500.0)  # additive: 9600*1000//600 = 16_000
+    burst = Feedback(fraction_lost=64, jitter_ms=3.0, rtt_ms=500.0)
+    decisions = run(
+        [(0, clean), (1_000, burst), (1_200, burst), (1_400, clean), (1_500, clean), (2_000, clean)]
+    )
+    assert reasons(decisions) == ["start", "loss_backoff", "hold", "hold", "hold", "ramp_additive"]
+    # one cut per hold (max(300 ms, 500 ms RTT)); ramp counts only time after the hold
+    assert targets(decisions) == [1_000_000, 875_000, 875_000, 875_000, 875_000, 883_000]
+
+
+def test_stale_loss_blocks_increase_but_does_not_cut_again() -> None:
+    burst = Feedback(fraction_lost=128, jitter_ms=3.0, rtt_ms=50.0)
+    decisions = run([(0, CLEAN), (1_000, burst), (2_000, Feedback()), (3_000, Feedback())])
+    assert reasons(decisions) == ["start", "loss_backoff", "hold", "hold"]
+    assert targets(decisions) == [1_000_000, 750_000, 750_000, 750_000]
+
+
+def test_far_below_capacity_ramps_multiplicatively_then_additively() -> None:
+    burst = Feedback(fraction_lost=128, jitter_ms=3.0, rtt_ms=50.0)
+    decisions = run([(0, CLEAN), (1_000, burst)] + [(t, CLEAN) for t in range(2_000, 6_000, 1_000)])
+    assert reasons(decisions) == [
+        "start",
+        "loss_backoff",  # 750_000, capacity 1_000_000: below the +-20 % band
+        "ramp_multiplicative",  # 700 ms after the hold: * 1.08 ** 0.7
+        "ramp_multiplicative",
+        "ramp_additive",  # 854_832 >= 80 % of capacity: near it, +64_000 bps/s
+        "ramp_additive",
+    ]
+    assert targets(decisions) == [1_000_000, 750_000, 791_512, 854_832, 918_832, 982_832]
+
+
+def test_capacity_is_forgotten_above_its_band() -> None:
+    state = run([(0, CLEAN)])[0].state
+    state = replace(state, target_bps=1_190_000, capacity_bps=1_000_000)
+    decisions = run([(1_000, CLEAN), (2_000, CLEAN)], state)
+    assert reasons(decisions) == ["ramp_additive", "ramp_multiplicative"]
+    assert targets(decisions) == [1_254_000, 1_354_320]
+    assert decisions[0].signals.capacity_bps is None
+
+
+def test_cumulative_loss_is_reported_as_a_delta() -> None:
+    decisions = run([(0, Feedback(cumulative_lost=10)), (1_000, Feedback(cumulative_lost=25))])
+    assert [d.signals.lost_packets_delta for d in decisions] == [None, 15]
+
+
+# --- REMB and profile bounds ------------------------------------------------------------
+
+
+def test_never_above_headroomed_remb() -> None:
+    clean_remb = Feedback(remb_bps=2_000_000, fraction_lost=0, jitter_ms=3.0, rtt_ms=50.0)
+    decisions = run([(t, clean_remb) for t in range(0, 10_000, 1_000)])
+    assert targets(decisions) == [
+        1_000_000,
+        1_080_000,
+        1_166_400,
+        1_259_712,
+        1_360_488,
+        1_469_327,
+        1_586_873,
+        1_700_000,  # 1_713_822 capped at 85 % of REMB
+        1_700_000,
+        1_700_000,
+    ]
+    assert reasons(decisions)[7:] == ["remb_cap"] * 3
+    assert remb_cap_bps(2_000_000) == 1_700_000
+
+
+def test_remb_drop_applies_immediately() -> None:
+    decisions = run([(0, CLEAN), (1_000, CLEAN), (1_100, Feedback(remb_bps=1_000_000))])
+    assert (decisions[2].target_bps, decisions[2].reason) == (850_000, "remb_cap")
+    assert decisions[2].signals.remb_cap_bps == 850_000
+
+
+def test_max_clamp() -> None:
+    profile = BitrateProfile("custom", min_bps=500_000, max_bps=1_200_000, start_bps=1_000_000)
+    decisions = run([(t, CLEAN) for t in range(0, 5_000, 1_000)], initial_state(profile))
+    assert targets(decisions) == [1_000_000, 1_080_000, 1_166_400, 1_200_000, 1_200_000]
+    assert reasons(decisions) == [
+        "start",
+        "ramp_multiplicative",
+        "ramp_multiplicative",
+        "max_clamp",
+        "max_clamp",
+    ]
+
+
+def test_min_clamp_under_heavy_loss_and_low_remb() -> None:
+    burst = Feedback(fraction_lost=255, jitter_ms=3.0, rtt_ms=50.0)
+    decisions = run(
+        [(0, CLEAN)] + [(t, burst) for t in (1_000, 2_000, 3_000)], initial_state(DESKTOP_PROFILE)
+    )
+    assert targets(decisions) == [2_000_000, 1_003_906, 503_913, 300_000]
+    assert reasons(decisions) == ["start", "loss_backoff", "loss_backoff", "min_clamp"]
+    # a REMB whose cap is below the minimum: the minimum wins (the ladder steps down instead)
+    low = run([(4_000, Feedback(remb_bps=100_000))], decisions[-1].state)[0]
+    assert (low.target_bps, low.reason) == (300_000, "min_clamp")
+
+
+def test_invariants_hold_on_random_feedback() -> None:
+    rng = random.Random(7)
+    for profile in (DESKTOP_PROFILE, GAME_PROFILE):
+        state = initial_state(profile)
+        now_ms = 0
+        for _ in range(2_000):
+            now_ms += rng.randrange(0, 1_500)
+            feedback = Feedback(
+                remb_bps=rng.choice([None, rng.randrange(100_000, 40_000_000)]),
+                fraction_lost=rng.choice([None, 0, 0, 0, rng.randrange(256)]),
+                jitter_ms=rng.choice([None, rng.uniform(0.0, 60.0)]),
+                rtt_ms=rng.choice([None, rng.uniform(5.0, 400.0)]),
+                send_rate_bps=rng.choice([None, rng.randrange(0, 30_000_000)]),
+            )
+            decision = decide(state, feedback, now_ms)
+            assert profile.min_bps <= decision.target_bps <= profile.max_bps
+            cap = decision.signals.remb_cap_bps
+            if cap is not None and cap >= profile.min_bps:
+                assert decision.target_bps <= cap
+            if decision.target_bps > state.target_bps and state.started:
+                # only a ramp raises the target (possibly limited by the REMB cap or the maximum)
+                assert decision.reason in ("ramp_multiplicative", "ramp_additive", "remb_cap", "max_clamp")
+            state = decision.state
+
+
+# --- purity and validation --------------------------------------------------------------
+
+
+def test_decide_is_pure() -> None:
+    state = run([(0, CLEAN)])[0].state
+    first = decide(state, CLEAN, 1_000)
+    second = decide(state, CLEAN, 1_000)
+    assert first == second
+    assert state.target_bps == 1_000_000  # the input state is untouched
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"fraction_lost": 256}, {"fraction_lost": -1}, {"remb_bps": -1}, {"rtt_ms": -1.0}, {"jitter_ms": -0.5}],
+)
+def test_feedback_validation(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        Feedback(**kwargs)  # type: ignore[arg-type]
+
+
+def test_profile_validation() -> None:
+    with pytest.raises(ValueError):
+        BitrateProfile("bad", min_bps=2_000_000, max_bps=1_000_000, start_bps=1_500_000)
+    with pytest.raises(ValueError):
+        BitrateProfile("bad", min_bps=0, max_bps=1_000_000, start_bps=500_000)
+
+
+def test_time_must_not_go_backwards() -> None:
+    state = run([(1_000, CLEAN)])[0].state
+    with pytest.raises(ValueError):
+        decide(state, CLEAN, 999)
+
+
+def test_jitter_conversion() -> None:
+    assert jitter_ms_from_rtp(900) == 10.0
+    assert jitter_ms_from_rtp(480, clock_rate_hz=48_000) == 10.0
