@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 REDIS_KEY = web.AppKey("redis", aioredis.Redis)
 OUTBOX_INTERVAL_S = 0.5
+LOOP_STOP_TIMEOUT_S = 5.0  # a loop mid-step gets this long to finish before it is cancelled
 
 
 def _problem_response(err: BrokerError, metrics: Metrics) -> web.Response:
@@ -124,17 +125,20 @@ def make_ctx(clock: Clock) -> Callable[[web.Application], AsyncIterator[None]]:
             if await live.try_lock(f"sample:{slot}", owner, int(s.sample_interval_s * 2000)):
                 await broker.sample_once()
 
-        tasks = [asyncio.create_task(run_every(s.reaper_interval_s, broker.reap_once, "reaper")),
-                 asyncio.create_task(run_every(OUTBOX_INTERVAL_S, broker.drain_outbox, "outbox")),
-                 asyncio.create_task(run_every(s.sample_interval_s, sample, "sampler"))]
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(run_every(s.reaper_interval_s, broker.reap_once, "reaper", stop)),
+                 asyncio.create_task(run_every(OUTBOX_INTERVAL_S, broker.drain_outbox, "outbox", stop)),
+                 asyncio.create_task(run_every(s.sample_interval_s, sample, "sampler", stop))]
         try:
             yield
         finally:
-            for t in tasks:
+            stop.set()
+            _done, pending = await asyncio.wait(tasks, timeout=LOOP_STOP_TIMEOUT_S)
+            for t in pending:
                 t.cancel()
-            for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
+            for t in pending:
+                with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                    await asyncio.wait_for(t, 1.0)
             with contextlib.suppress(Exception):
                 await broker.drain_outbox()  # flush what ended during shutdown
             await hub.stop()

@@ -64,7 +64,8 @@ def verify_user_token(secret: str, token: str, now_s: float) -> str:
         raise Unauthorized("malformed token claims")
     if claims["exp"] <= now_s:
         raise Unauthorized("token expired")
-    return claims["u"]
+    user: str = claims["u"]
+    return user
 
 
 def authenticate(header: str | None, *, admin_token: str, node_token: str, secret: str, now_s: float) -> Principal:

@@ -32,6 +32,7 @@ class Hub:
         self._patterns = [f"{prefix}:ev:*", f"{prefix}:node:*", f"{prefix}:sig:*"]
         self._listeners: dict[str, set[asyncio.Queue[bytes]]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self.ready = asyncio.Event()
 
     async def start(self) -> None:
@@ -40,10 +41,14 @@ class Hub:
             await asyncio.wait_for(self.ready.wait(), 5)
 
     async def stop(self) -> None:
+        """Stop the reader: by flag first (it polls every 250 ms), then by cancellation."""
+        self._stopping = True
         if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            _done, pending = await asyncio.wait([self._task], timeout=2.5)
+            for t in pending:
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                    await asyncio.wait_for(t, 1.0)
 
     @contextlib.asynccontextmanager
     async def listen(self, *channels: str) -> AsyncIterator[asyncio.Queue[bytes]]:
@@ -68,14 +73,14 @@ class Hub:
 
     async def _run(self) -> None:
         backoff = 0.1
-        while True:
+        while not self._stopping:
             pubsub = self._redis.pubsub()
             try:
                 await pubsub.psubscribe(*self._patterns)
                 self.ready.set()
                 backoff = 0.1
-                while True:
-                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                while not self._stopping:
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.25)
                     if msg is None or msg["type"] != "pmessage":
                         continue
                     ch = msg["channel"]

@@ -103,7 +103,7 @@ class InputType(StrEnum):
     """Client -> node input messages (small JSON objects with a ``t`` field)."""
 
     POINTER_MOVE = "pm"  # {"t":"pm","x":0..1,"y":0..1} relative to the video
-    POINTER_BUTTON = "pb"  # {"t":"pb","b":1..5,"d":true|false}
+    POINTER_BUTTON = "pb"  # {"t":"pb","b":1..5,"d":true|false}  b = browser MouseEvent.button + 1
     WHEEL = "pw"  # {"t":"pw","dx":-10..10,"dy":-10..10} in notches
     KEY = "k"  # {"t":"k","c":"KeyA","d":true|false} KeyboardEvent.code
     GAMEPAD = "gp"  # {"t":"gp","i":0..3,"ax":[-1..1]*<=8,"bt":[0..1]*<=17}

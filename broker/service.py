@@ -14,6 +14,7 @@ outbox and are idempotent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -24,7 +25,7 @@ from typing import Any
 
 from broker.auth import Principal, turn_credentials
 from broker.db.repository import Repository
-from broker.errors import Conflict, Forbidden, NotFound, QueueFull, ValidationError
+from broker.errors import Conflict, Forbidden, NotFound, QueueFull
 from broker.lifecycle import SessionClock, Timeouts, reap, warn_before_end
 from broker.models import (
     HEARTBEAT_SCHEMA,
@@ -387,17 +388,19 @@ class Broker:
         return len(rows)
 
 
-async def run_every(interval_s: float, step: Callable[[], Any], name: str) -> None:
-    """Run ``step`` forever every ``interval_s``; failures are logged and retried (task boundary)."""
-    while True:
+async def run_every(interval_s: float, step: Callable[[], Any], name: str, stop: asyncio.Event) -> None:
+    """Run ``step`` every ``interval_s`` until ``stop`` is set; failures are logged and retried.
+
+    Shutdown is signalled by the event rather than by cancellation alone: some client
+    libraries swallow a CancelledError that lands inside their I/O, which would leave a
+    cancelled loop sleeping forever.
+    """
+    while not stop.is_set():
         try:
             await step()
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception:  # task boundary: log and retry on the next tick
             log.exception("%s failed; retrying in %.1f s", name, interval_s)
-        await asyncio.sleep(interval_s)
-
-
-def validation_error_for(field: str, detail: str) -> ValidationError:
-    return ValidationError(f"{field}: {detail}", field=field)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_s)

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install everything render-broker needs on a fresh Debian machine: system packages
+# (Xvfb, a window manager, a terminal, XTest tools, Chromium, netns tooling) and a
+# virtualenv with the project and its test extras.  Idempotent: re-running is cheap.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEB_PACKAGES=(xvfb openbox xterm xdotool x11-utils xclip chromium iproute2 iptables nftables)
+missing=()
+for p in "${DEB_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "setup: installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[test]'
+echo "setup: done ($(.venv/bin/python --version))"

@@ -1,0 +1,125 @@
+"""Bad input gets a 4xx JSON problem naming the field, and nothing changes in Redis or SQL."""
+
+from __future__ import annotations
+
+import pytest
+import redis.asyncio as aioredis
+
+from broker.keys_app import BROKER
+from tests.conftest import ADMIN, NODE, auth, gpu, setup_pool, user_token
+
+
+async def snapshot(api) -> tuple[list[bytes], int, int]:
+    b = api.app[BROKER]
+    r: aioredis.Redis = b.live.redis
+    keys = sorted([k async for k in r.scan_iter(f"{b.live.keys.prefix}:*")])
+    vals = []
+    for k in keys:
+        t = await r.type(k)
+        vals.append((k, t, await r.dump(k)))
+    audit = len(await b.repo.audit_log(1000))
+    return vals, audit, await b.repo.count_sessions()
+
+
+def assert_problem(status: int, body: dict, want_status: int, field: str | None) -> None:
+    assert status == want_status, body
+    assert body["status"] == want_status and body["code"] and body["detail"]
+    if field is not None:
+        assert body.get("field") == field, body
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"strategy": "random"}, "strategy"),
+    ({"max_sessions_per_gpu": -1}, "max_sessions_per_gpu"),
+    ({"max_sessions_per_gpu": "4"}, "max_sessions_per_gpu"),
+    ({"max_sessions_per_gpu": 2.5}, "max_sessions_per_gpu"),
+    ({"vram_headroom": 1.5}, "vram_headroom"),
+    ({"vram_per_session_mb": 0}, "vram_per_session_mb"),
+    ({"max_queue": True}, "max_queue"),
+    ({"seats": 4}, "seats"),
+    ({"kind": None}, "kind"),
+    ([1, 2], "body"),
+])
+async def test_bad_pool_bodies(api, body, field) -> None:
+    await setup_pool(api, "p1", hosts=1)
+    before = await snapshot(api)
+    r = await api.put("/api/v1/pools/p1", json=body, headers=auth(ADMIN))
+    assert_problem(r.status, await r.json(), 422, field)
+    assert r.headers["Content-Type"].startswith("application/problem+json")
+    assert await snapshot(api) == before
+
+
+@pytest.mark.parametrize(("body", "status", "field"), [
+    ({"pool": "nope"}, 404, "pool"),
+    ({"pool": "p1", "profile": {"width": 100000, "height": 100000}}, 422, "profile.width"),
+    ({"pool": "p1", "profile": {"width": 1280, "height": 721}}, 422, "profile.height"),
+    ({"pool": "p1", "profile": {"fps": 0}}, 422, "profile.fps"),
+    ({"pool": "p1", "profile": {"codec": "mpeg2"}}, 422, "profile.codec"),
+    ({"pool": "p1", "profile": {"bitrate": 5}}, 422, "profile.bitrate"),
+    ({"pool": "p1", "extra": 1}, 422, "extra"),
+    ({}, 422, "pool"),
+    ({"pool": 5}, 422, "pool"),
+    ({"pool": "../etc"}, 422, "pool"),
+])
+async def test_bad_session_requests(api, body, status, field) -> None:
+    await setup_pool(api, "p1", hosts=1)
+    tok = await user_token(api, "alice")
+    before = await snapshot(api)
+    r = await api.post("/api/v1/sessions", json=body, headers=auth(tok))
+    assert_problem(r.status, await r.json(), status, field)
+    assert await snapshot(api) == before
+
+
+async def test_malformed_json_and_oversized_bodies(api) -> None:
+    await setup_pool(api, "p1", hosts=1)
+    tok = await user_token(api, "alice")
+    before = await snapshot(api)
+    r = await api.post("/api/v1/sessions", data=b"{not json", headers={**auth(tok), "Content-Type": "application/json"})
+    assert_problem(r.status, await r.json(), 400, "body")
+    r = await api.post("/api/v1/sessions", data=b'{"pool":"' + b"x" * 70_000 + b'"}', headers=auth(tok))
+    assert r.status == 413 and (await r.json())["field"] == "body"
+    assert await snapshot(api) == before
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"id": "h1", "pool": "p1", "address": "a:1", "gpus": []}, "gpus"),
+    ({"id": "h1", "pool": "p1", "address": "a:1", "gpus": [{"index": 0, "vram_mb": -5}]}, "gpus[0].vram_mb"),
+    ({"id": "h1", "pool": "p1", "address": "a:1", "gpus": [gpu(0), gpu(0)]}, "gpus[1].index"),
+    ({"id": "H 1", "pool": "p1", "address": "a:1", "gpus": [gpu()]}, "id"),
+    ({"id": "h1", "pool": "ghost", "address": "a:1", "gpus": [gpu()]}, "pool"),
+    ({"id": "h1", "pool": "p1", "gpus": [gpu()]}, "address"),
+])
+async def test_bad_host_registrations(api, body, field) -> None:
+    await setup_pool(api, "p1", hosts=0)
+    before = await snapshot(api)
+    r = await api.post("/api/v1/hosts", json=body, headers=auth(NODE))
+    data = await r.json()
+    assert 400 <= r.status < 500 and data["field"] == field, data
+    assert await snapshot(api) == before
+
+
+async def test_heartbeat_bad_values_and_unknown_host(api) -> None:
+    await setup_pool(api, "p1", hosts=1)
+    r = await api.put("/api/v1/hosts/p1-h0/heartbeat", json={"gpus": [{"index": 0, "utilization": 250}]},
+                      headers=auth(NODE))
+    assert_problem(r.status, await r.json(), 422, "gpus[0].utilization")
+    r = await api.put("/api/v1/hosts/ghost/heartbeat", json={}, headers=auth(NODE))
+    body = await r.json()
+    assert r.status == 404 and body["reregister"] is True
+
+
+async def test_token_minting_validation(api) -> None:
+    r = await api.post("/api/v1/tokens", json={"user": "a b"}, headers=auth(ADMIN))
+    assert_problem(r.status, await r.json(), 422, "user")
+    r = await api.post("/api/v1/tokens", json={"user": "ok", "ttl_s": 1}, headers=auth(ADMIN))
+    assert_problem(r.status, await r.json(), 422, "ttl_s")
+    tok = await user_token(api, "bob")
+    r = await api.post("/api/v1/tokens", json={"user": "eve"}, headers=auth(tok))
+    assert_problem(r.status, await r.json(), 403, None)
+
+
+async def test_unknown_route_is_a_json_problem(api) -> None:
+    r = await api.get("/api/v1/nothing-here")
+    assert r.status == 404 and (await r.json())["code"] == "not_found"
+    r = await api.get("/api/v1/audit?limit=abc", headers=auth(ADMIN))
+    assert_problem(r.status, await r.json(), 422, "limit")
