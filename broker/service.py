@@ -359,18 +359,16 @@ class Broker:
 
     async def drain_outbox(self) -> int:
         """Write session start/end records from Redis to SQL; returns how many were written."""
-        records = await self.live.outbox_take()
+        records = await self.live.outbox_take(500)
         orphans = [r for r in await self.live.outbox_orphans() if r in self._orphans_seen and r not in records]
         self._orphans_seen = set(await self.live.outbox_orphans()) - set(records)
-        written = 0
+        batch = []
         for rec in records + orphans:
             item = json.loads(rec)
             s = {k: (v if v != "" else None) for k, v in item["session"].items()}
-            if item["kind"] == "start":
-                await self.repo.record_start(s, int(item["ts_ms"]))
-            else:
-                await self.repo.record_end(s, int(item["ts_ms"]))
-            written += 1
+            batch.append((item["kind"], s, int(item["ts_ms"])))
+        await self.repo.record_batch(batch)
+        written = len(batch)
         await self.live.outbox_done(records + orphans)
         self.stats.outbox_written += written
         return written

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -92,6 +94,41 @@ class Repository:
         await self.audit(ts_ms, s["user"], "user", "session.end", s["id"],
                          {"pool": s["pool"], "host": s.get("host"), "reason": row["end_reason"],
                           "gpu_seconds": row["gpu_seconds"]}, dedup_key=f"end:{s['id']}")
+
+    async def record_batch(self, items: Sequence[tuple[str, dict[str, Any], int]]) -> None:
+        """Write many outbox records (kind, session, ts_ms) in one transaction; idempotent.
+
+        Session rows upsert on the id; audit rows are skipped when their dedup key exists.
+        """
+        if not items:
+            return
+        audits: list[dict[str, Any]] = []
+        rows: dict[str, dict[str, Any]] = {}
+        for kind, s, ts in items:
+            if kind == "start":
+                audits.append({"ts_ms": ts, "actor": s["user"], "role": "user", "action": "session.start",
+                               "target": s["id"], "detail": {"pool": s["pool"], "host": s.get("host"),
+                                                             "gpu": s.get("gpu")}, "dedup_key": f"start:{s['id']}"})
+            else:
+                row = session_row(s)
+                rows[row["id"]] = row
+                audits.append({"ts_ms": ts, "actor": s["user"], "role": "user", "action": "session.end",
+                               "target": s["id"], "detail": {"pool": s["pool"], "host": s.get("host"),
+                                                             "reason": row["end_reason"],
+                                                             "gpu_seconds": row["gpu_seconds"]},
+                               "dedup_key": f"end:{s['id']}"})
+        async with self.engine.begin() as conn:
+            dialect = conn.dialect.name
+            if dialect in ("sqlite", "postgresql"):
+                mod = sqlite_insert if dialect == "sqlite" else pg_insert
+                if rows:
+                    stmt = mod(t.sessions).values(list(rows.values()))
+                    cols = {c: stmt.excluded[c] for c in rows[next(iter(rows))] if c != "id"}
+                    await conn.execute(stmt.on_conflict_do_update(index_elements=["id"], set_=cols))
+                await conn.execute(mod(t.audit).values(audits).on_conflict_do_nothing(index_elements=["dedup_key"]))
+                return
+        for kind, s, ts in items:  # other dialects: row by row
+            await (self.record_start(s, ts) if kind == "start" else self.record_end(s, ts))
 
     async def session_history(self, pool: str | None = None, user: str | None = None,
                               limit: int = 100) -> list[dict[str, Any]]:

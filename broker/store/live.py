@@ -257,14 +257,15 @@ class LiveStore:
 
     # ---- outbox (live -> SQL) --------------------------------------------------------
     async def outbox_take(self, limit: int = 100) -> list[bytes]:
-        """Move up to ``limit`` records to the processing list and return them."""
-        out = []
-        for _ in range(limit):
-            rec = await self.redis.lmove(self.keys.outbox, self.keys.outbox_processing, "LEFT", "RIGHT")
-            if rec is None:
-                break
-            out.append(rec)
-        return out
+        """Move up to ``limit`` records to the processing list and return them (one round trip)."""
+        n = min(limit, int(await self.redis.llen(self.keys.outbox)))
+        if n == 0:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for _ in range(n):
+                pipe.lmove(self.keys.outbox, self.keys.outbox_processing, "LEFT", "RIGHT")
+            moved = await pipe.execute()
+        return [rec for rec in moved if rec is not None]
 
     async def outbox_done(self, records: list[bytes]) -> None:
         if not records:

@@ -1,0 +1,218 @@
+"""``render-broker bench``: allocation throughput and latency, side by side with a bare baseline.
+
+Two servers run as separate processes, one after the other, driven by the same
+client loop in this process:
+
+1. the broker (``render-broker serve``) with a pool big enough that nothing
+   queues; each client loop does POST /api/v1/sessions (the measured seat
+   step: auth, validation, one Lua script, JSON) then DELETE it (not measured);
+2. a bare aiohttp app whose handler does one Redis call (INCR), the floor any
+   Redis-backed HTTP service pays on this machine.
+
+The ratio of the two shows the broker's own overhead.  Redis: the URL given,
+else the system one on 127.0.0.1:6379, else an embedded redis-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+
+import aiohttp
+from aiohttp import web
+
+from broker.embedded import EmbeddedRedis, free_port
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+
+
+async def _wait(url: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with http.get(url) as r:
+                    if r.status == 200:
+                        return
+            await asyncio.sleep(0.1)
+    raise TimeoutError(url)
+
+
+async def _spawn(args: list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(*args, env={**os.environ, **env}, stdout=asyncio.subprocess.DEVNULL,
+                                                stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+
+
+async def _stop(p: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        p.terminate()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(p.wait(), 10)
+    if p.returncode is None:
+        p.kill()
+        await p.wait()
+
+
+async def _drive(clients: int, duration_s: float, one: "OneCall") -> tuple[int, list[float]]:
+    lat: list[float] = []
+    stop_at = time.monotonic() + duration_s
+
+    async def loop(i: int) -> None:
+        while time.monotonic() < stop_at:
+            t0 = time.perf_counter()
+            await one(i)
+            lat.append(time.perf_counter() - t0)
+
+    await asyncio.gather(*[loop(i) for i in range(clients)])
+    return len(lat), lat
+
+
+class OneCall:
+    async def __call__(self, i: int) -> None: ...
+
+
+async def bench_broker(redis_url: str, clients: int, duration_s: float) -> tuple[float, list[float]]:
+    port = free_port()
+    admin, node = uuid.uuid4().hex, uuid.uuid4().hex
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"BROKER_PORT": str(port), "BROKER_REDIS_URL": redis_url, "BROKER_REDIS_PREFIX": "bench" + admin[:6],
+               "BROKER_ADMIN_TOKEN": admin, "BROKER_NODE_TOKEN": node, "BROKER_SECRET": admin,
+               "BROKER_DATA_DIR": tmp, "BROKER_LOG_LEVEL": "warning", "BROKER_REAPER_INTERVAL_S": "5"}
+        proc = await _spawn([sys.executable, "-m", "broker", "serve"], env)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            await _wait(base + "/readyz")
+            h = {"Authorization": f"Bearer {admin}"}
+            async with aiohttp.ClientSession() as http:
+                await http.put(f"{base}/api/v1/pools/bench", json={
+                    "max_sessions_per_gpu": 64, "vram_per_session_mb": 1, "max_queue": 10_000}, headers=h)
+                for n in range(8):
+                    await http.post(f"{base}/api/v1/hosts", json={
+                        "id": f"bench-{n}", "pool": "bench", "address": f"10.9.0.{n}:1",
+                        "gpus": [{"index": g, "vram_mb": 81920} for g in range(4)]},
+                        headers={"Authorization": f"Bearer {node}"})
+                tokens = []
+                for i in range(clients):
+                    r = await http.post(f"{base}/api/v1/tokens", json={"user": f"b{i}"}, headers=h)
+                    tokens.append({"Authorization": f"Bearer {(await r.json())['token']}"})
+
+                class Seat(OneCall):
+                    async def __call__(self, i: int) -> None:
+                        async with http.post(f"{base}/api/v1/sessions", json={"pool": "bench"},
+                                             headers=tokens[i]) as r:
+                            sid = (await r.json())["id"]
+                            assert r.status == 201, r.status
+                        t = time.perf_counter()
+                        async with http.delete(f"{base}/api/v1/sessions/{sid}", headers=tokens[i]) as r:
+                            await r.read()
+                        self.ended += time.perf_counter() - t
+
+                    ended = 0.0
+
+                seat = Seat()
+                t0 = time.perf_counter()
+                n, lat = await _drive(clients, duration_s, seat)
+                wall = time.perf_counter() - t0
+            # DELETE time is excluded from latency but shares the wall clock: count seat steps per
+            # second of POST time only, i.e. as if the client did nothing else
+            busy = wall - seat.ended / clients
+            return n / busy, lat
+        finally:
+            await _stop(proc)
+
+
+def _bare_app(redis_url: str) -> web.Application:
+    import redis.asyncio as aioredis
+
+    key = web.AppKey("r", aioredis.Redis)
+
+    async def ctx(app: web.Application):  # type: ignore[no-untyped-def]
+        app[key] = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(redis_url,
+                                                                                          max_connections=64))
+        yield
+        await app[key].aclose()
+
+    async def handler(request: web.Request) -> web.Response:
+        n = await request.app[key].incr("bench:bare")
+        return web.json_response({"n": n}, status=201)
+
+    async def ready(_r: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application()
+    app.cleanup_ctx.append(ctx)
+    app.router.add_post("/seat", handler)
+    app.router.add_get("/readyz", ready)
+    return app
+
+
+async def bench_bare(redis_url: str, clients: int, duration_s: float) -> tuple[float, list[float]]:
+    port = free_port()
+    proc = await _spawn([sys.executable, "-m", "broker.bench", "--bare-server", str(port), "--redis-url", redis_url],
+                        {})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        await _wait(base + "/readyz")
+        async with aiohttp.ClientSession() as http:
+            class Bare(OneCall):
+                async def __call__(self, i: int) -> None:
+                    async with http.post(f"{base}/seat", json={"pool": "bench"}) as r:
+                        await r.read()
+
+            t0 = time.perf_counter()
+            n, lat = await _drive(clients, duration_s, Bare())
+            return n / (time.perf_counter() - t0), lat
+    finally:
+        await _stop(proc)
+
+
+async def main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="render-broker bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 16, 64])
+    p.add_argument("--duration-s", type=float, default=5.0)
+    p.add_argument("--redis-url", default="")
+    p.add_argument("--bare-server", type=int, default=0, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.bare_server:
+        await web._run_app(_bare_app(a.redis_url), host="127.0.0.1", port=a.bare_server, print=None)
+        return 0
+    embedded = None
+    url = a.redis_url
+    if not url:
+        import redis as sync_redis
+
+        try:
+            sync_redis.Redis.from_url("redis://127.0.0.1:6379/0").ping()
+            url = "redis://127.0.0.1:6379/0"
+        except sync_redis.RedisError:
+            embedded = EmbeddedRedis(tempfile.mkdtemp(prefix="rb-bench-"), persist=False)
+            url = await embedded.start()
+    try:
+        print(f"redis: {url}   duration per run: {a.duration_s:.0f} s   cores: {os.cpu_count()}")
+        print(f"{'clients':>7} | {'broker seat/s':>13} {'p50 ms':>7} {'p99 ms':>7} | {'bare req/s':>10} "
+              f"{'p50 ms':>7} {'p99 ms':>7} | {'throughput ratio':>16} {'p50 ratio':>9}")
+        for c in a.clients:
+            bt, bl = await bench_broker(url, c, a.duration_s)
+            rt, rl = await bench_bare(url, c, a.duration_s)
+            print(f"{c:>7} | {bt:>13.0f} {_pct(bl, .5) * 1e3:>7.2f} {_pct(bl, .99) * 1e3:>7.2f} | {rt:>10.0f} "
+                  f"{_pct(rl, .5) * 1e3:>7.2f} {_pct(rl, .99) * 1e3:>7.2f} | {bt / rt:>16.2f} "
+                  f"{_pct(bl, .5) / _pct(rl, .5):>9.2f}", flush=True)
+    finally:
+        if embedded:
+            await embedded.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(sys.argv[1:])))
