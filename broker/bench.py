@@ -63,7 +63,7 @@ async def _stop(p: asyncio.subprocess.Process) -> None:
         await p.wait()
 
 
-async def _drive(clients: int, duration_s: float, one: "OneCall") -> tuple[int, list[float]]:
+async def _drive(clients: int, duration_s: float, one: OneCall) -> tuple[int, list[float]]:
     lat: list[float] = []
     stop_at = time.monotonic() + duration_s
 
