@@ -1,0 +1,7 @@
+"""``python -m streamer`` is ``render-node``."""
+
+import sys
+
+from streamer.cli import main
+
+sys.exit(main())
