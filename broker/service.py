@@ -219,7 +219,7 @@ class Broker:
                             field="pool")
         assert not isinstance(res, str)
         self.stats.allocations += res.status != "existing"
-        return res.status != "existing", await self.session_view(res.session_id)
+        return res.status != "existing", await self.session_view(res.session_id, res.session)
 
     async def _load_session(self, sid: str) -> dict[str, Any]:
         s = await self.live.get_session(sid)
@@ -246,8 +246,12 @@ class Broker:
         s = s or await self._load_session(sid)
         view = {k: s.get(k) for k in ("id", "user", "pool", "kind", "state", "host", "gpu", "profile",
                                         "created_ms", "seated_ms", "started_ms", "ended_ms", "end_reason")}
-        view["queue_position"] = (await self.live.queue_position(s["pool"], sid)
-                                  if s["state"] == SessionState.QUEUED else None)
+        if s["state"] != SessionState.QUEUED:
+            view["queue_position"] = None
+        elif "queue_position" in s:  # fresh from the seating step
+            view["queue_position"] = s["queue_position"]
+        else:
+            view["queue_position"] = await self.live.queue_position(s["pool"], sid)
         if s["state"] in (SessionState.STARTING, SessionState.RUNNING, SessionState.DISCONNECTED):
             view["signaling"] = {"url": f"{API_PREFIX}/sessions/{sid}/signal", "ice_servers": self.ice_servers(sid)}
         view["events_url"] = f"{API_PREFIX}/sessions/{sid}/events"

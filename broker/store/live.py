@@ -65,6 +65,7 @@ class CreateResult:
     status: str  # seated | queued | existing
     session_id: str
     queue_position: int | None = None
+    session: dict[str, Any] | None = None  # the session record as stored right after the step
 
 
 class LiveStore:
@@ -126,8 +127,15 @@ class LiveStore:
         status = _s(res[0])
         if status in ("unknown_pool", "queue_full"):
             return status
-        pos = int(res[2]) if len(res) > 2 else None
-        return CreateResult(status, _s(res[1]), pos)
+        sid = _s(res[1])
+        # LPOS is 0-based for 'existing'; RPUSH's length is already the 1-based position
+        raw_pos = _s(res[2])
+        pos = None if raw_pos == "" else int(raw_pos) + (1 if status == "existing" else 0)
+        flat = res[3:]
+        record = decode_session(dict(zip(flat[::2], flat[1::2], strict=True)), sid)
+        if record is not None:
+            record["queue_position"] = pos if record["state"] == SessionState.QUEUED else None
+        return CreateResult(status, sid, pos, record)
 
     async def end_session(self, session_id: str, reason: str, now_ms: int) -> tuple[str, list[str]]:
         """End a session (idempotent); returns (status, ids seated from the queue as a result)."""

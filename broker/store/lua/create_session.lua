@@ -1,6 +1,6 @@
 -- ARGV: prefix, session_id, user, pool, profile_json, now_ms
--- Returns {status, session_id[, queue_position]} with status one of
--- seated | queued | existing | unknown_pool | queue_full.
+-- Returns {status, session_id, queue_position or '', session hash fields...} with status one of
+-- seated | queued | existing | unknown_pool | queue_full (the hash saves the caller a round trip).
 local sid, user, pool, profile, now = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local cfg = pool_cfg(pool)
 if cfg == nil then return {'unknown_pool', ''} end
@@ -18,7 +18,9 @@ for _, other in ipairs(redis.call('SMEMBERS', ukey)) do
 end
 if #live >= tonumber(cfg['max_sessions_per_user']) then
   table.sort(live, function(a, b) return a.created < b.created or (a.created == b.created and a.id < b.id) end)
-  return {'existing', live[1].id}
+  local out = {'existing', live[1].id, redis.call('LPOS', k_queue(pool), live[1].id) or ''}
+  for _, v in ipairs(redis.call('HGETALL', k_session(live[1].id))) do table.insert(out, v) end
+  return out
 end
 
 local qkey = k_queue(pool)
@@ -32,10 +34,14 @@ redis.call('HSET', k_session(sid), 'user', user, 'pool', pool, 'kind', cfg['kind
            'last_active_ms', now, 'disconnected_ms', 0, 'ended_ms', 0, 'end_reason', '')
 redis.call('SADD', ukey, sid)
 redis.call('SADD', k_live(), sid)
+local out
 if host ~= nil then
   bind(sid, pool, host, gpu, now)
-  return {'seated', sid}
+  out = {'seated', sid, ''}
+else
+  local pos = redis.call('RPUSH', qkey, sid)
+  publish_state(sid, 'queued', {queue_position = pos})
+  out = {'queued', sid, pos}
 end
-local pos = redis.call('RPUSH', qkey, sid)
-publish_state(sid, 'queued', {queue_position = pos})
-return {'queued', sid, pos}
+for _, v in ipairs(redis.call('HGETALL', k_session(sid))) do table.insert(out, v) end
+return out
