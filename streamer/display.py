@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import select
@@ -68,6 +69,23 @@ from Xlib.error import DisplayError as XDisplayError
 from Xlib.ext import randr
 
 log = logging.getLogger(__name__)
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """In the child, before exec: ask the kernel to SIGKILL it when the node process dies.
+
+    Sessions' processes live in their own process groups so they can be signalled as a
+    group; without this a SIGKILLed node (no chance to clean up) would leave Xvfb and the
+    app running.  Linux only; elsewhere a no-op.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 X11_UNIX_DIR: Final = Path("/tmp/.X11-unix")
 LOCK_DIR: Final = Path("/tmp")
@@ -241,6 +259,7 @@ class VirtualDisplay:
                 stderr=log_fd,
                 pass_fds=(write_fd,),
                 start_new_session=True,
+                preexec_fn=die_with_parent,
             )
         except OSError as exc:
             os.close(read_fd)
@@ -294,6 +313,7 @@ class VirtualDisplay:
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL,
                 start_new_session=True,
+                preexec_fn=die_with_parent,
             )
         except OSError as exc:
             raise DisplayError(f"cannot run {role} {argv[0]!r}: {exc}") from exc
