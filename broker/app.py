@@ -3,8 +3,10 @@
 Resources are aiohttp cleanup contexts in dependency order: Redis (embedded
 or external) -> SQL (migrated) -> broker service + pub/sub hub + background
 loops.  Each is torn down in reverse on shutdown, so an embedded redis-server
-never outlives the broker.  No module-level mutable state: everything hangs
-off the app under typed ``web.AppKey``s (``broker.keys_app``).
+never outlives the broker (nor do render nodes the autoscaler's local provider
+started: the provider is closed after the loops stop).  No module-level mutable
+state: everything hangs off the app under typed ``web.AppKey``s
+(``broker.keys_app``; the autoscaler's is ``broker.api_plans.SCALER``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from broker import realtime  # noqa: F401  (registers the streaming routes on broker.api.routes)
 from broker.api import routes
+from broker.api_plans import SCALER, plan_routes
 from broker.db.engine import create_engine, migrate
 from broker.db.repository import Repository
 from broker.embedded import EmbeddedRedis
@@ -32,6 +35,8 @@ from broker.hub import Hub
 from broker.keys_app import BROKER, HUB, METRICS, SETTINGS
 from broker.metrics import Metrics
 from broker.openapi import openapi_document
+from broker.providers import provider_from_settings
+from broker.scaler import Scaler
 from broker.service import Broker, Clock, run_every, wall_clock_ms
 from broker.settings import BrokerSettings
 from broker.store.live import LiveStore
@@ -122,6 +127,9 @@ def make_ctx(clock: Clock) -> Callable[[web.Application], AsyncIterator[None]]:
         if restored:
             log.info("restored %d pool config(s) from SQL into Redis", restored)
         owner = uuid.uuid4().hex
+        provider = provider_from_settings(s)
+        scaler = Scaler(broker, provider, s, owner)
+        app[SCALER] = scaler
 
         async def sample() -> None:
             # one replica samples per interval: a TTL'd lock keyed by the interval slot
@@ -133,6 +141,8 @@ def make_ctx(clock: Clock) -> Callable[[web.Application], AsyncIterator[None]]:
         tasks = [asyncio.create_task(run_every(s.reaper_interval_s, broker.reap_once, "reaper", stop)),
                  asyncio.create_task(run_every(OUTBOX_INTERVAL_S, broker.drain_outbox, "outbox", stop)),
                  asyncio.create_task(run_every(s.sample_interval_s, sample, "sampler", stop))]
+        if s.autoscale_interval_s > 0:
+            tasks.append(asyncio.create_task(run_every(s.autoscale_interval_s, scaler.run_once, "autoscaler", stop)))
         try:
             yield
         finally:
@@ -145,6 +155,10 @@ def make_ctx(clock: Clock) -> Callable[[web.Application], AsyncIterator[None]]:
                     await asyncio.wait_for(t, 1.0)
             with contextlib.suppress(Exception):
                 await broker.drain_outbox()  # flush what ended during shutdown
+            try:
+                await provider.close()  # a local provider stops the render nodes it started
+            except Exception:  # shutdown boundary: log and go on releasing the rest
+                log.exception("host provider %s did not close cleanly", provider.name)
             await hub.stop()
             await engine.dispose()
 
@@ -171,6 +185,7 @@ def create_app(settings: BrokerSettings, *, clock: Clock = wall_clock_ms) -> web
     app.cleanup_ctx.append(make_ctx(clock))
     app.router.add_get("/api/v1/openapi.json", openapi)
     app.router.add_routes(routes)
+    app.router.add_routes(plan_routes)
     app.router.add_get("/", index)
     if WEB_DIR.is_dir():
         app.router.add_static("/web/", WEB_DIR, show_index=False)

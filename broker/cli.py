@@ -53,9 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "GPU render session broker.\n\ncommands:\n"
         "  serve       run the broker (render-broker serve --help lists every setting)\n"
         "  bench       allocation throughput/latency benchmark (render-broker bench --help)\n"
-        "  settings    print the settings reference as a Markdown table\n"),
+        "  settings    print the settings reference as a Markdown table\n"
+        "  simulate    compare always-on, a scaling plan and a recommended plan (render-broker simulate --help)\n"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["serve", "bench", "settings"])
+    parser.add_argument("command", choices=["serve", "bench", "settings", "simulate"])
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         print("\nsettings (serve):\n" + settings_table(BrokerSettings, "BROKER_"))
@@ -66,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cmd == "settings":
         print(settings_table(BrokerSettings, "BROKER_"))
         return 0
+    if cmd == "simulate":
+        from broker.simulate import main as simulate_main
+
+        return simulate_main(rest)
     if cmd == "bench":
         from broker.bench import main as bench_main
 

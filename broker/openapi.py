@@ -18,7 +18,9 @@ from broker.models import (
     SESSION_STATE_SCHEMA,
     TOKEN_SCHEMA,
 )
+from broker.plans import PLAN_SCHEMA
 from broker.protocol import API_PREFIX, all_constants
+from broker.scaler import SIMULATE_SCHEMA
 from broker.validate import Schema, to_json_schema
 
 A = API_PREFIX
@@ -32,6 +34,16 @@ DOCS: dict[tuple[str, str], tuple[str, str, Schema | None]] = {
     ("PUT", f"{A}/pools/{{name}}"): ("Create or replace a pool", "admin", POOL_SCHEMA),
     ("DELETE", f"{A}/pools/{{name}}"): ("Delete an empty pool", "admin", None),
     ("GET", f"{A}/pools/{{name}}/samples"): ("Utilization samples (?hours=24)", "admin", None),
+    ("PUT", f"{A}/pools/{{name}}/plan"): ("Set the pool's scaling plan (turns autoscaling on; audited)", "admin",
+                                         PLAN_SCHEMA),
+    ("GET", f"{A}/pools/{{name}}/plan"): ("The pool's scaling plan and its current phase", "admin", None),
+    ("DELETE", f"{A}/pools/{{name}}/plan"): ("Remove the plan: autoscaling off, autoscaler-drained hosts undrained",
+                                            "admin", None),
+    ("GET", f"{A}/pools/{{name}}/autoscale"): ("Autoscaler phase, state and latest decisions with reasons (?limit)",
+                                              "admin", None),
+    ("POST", f"{A}/pools/{{name}}/simulate"): ("Simulate always-on vs plan vs recommended plan (history or "
+                                              "synthetic demand)", "admin", SIMULATE_SCHEMA),
+    ("GET", f"{A}/pools/{{name}}/recommendation"): ("The latest pool-sizing recommendation", "admin", None),
     ("POST", f"{A}/hosts"): ("Register a render node and its GPUs", "node", HOST_SCHEMA),
     ("GET", f"{A}/hosts"): ("Hosts with GPU telemetry (?pool=)", "admin, node", None),
     ("GET", f"{A}/hosts/{{id}}"): ("One host", "admin, node", None),

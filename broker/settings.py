@@ -48,6 +48,25 @@ class BrokerSettings:
     turn_secret: str = opt("", "coturn use-auth-secret shared secret for per-session TURN credentials")
     turn_ttl_s: int = opt(3600, "Lifetime of per-session TURN credentials")
     allow_guests: bool = opt(False, "Let the web client mint itself a short guest token (demo only)")
+    autoscale_interval_s: float = opt(60.0, "How often each pool that has a scaling plan is evaluated; 0 turns "
+                                            "the autoscaler loop off")
+    autoscale_max_hosts: int = opt(10, "Most hosts the local/kubernetes provider runs per pool (static: the hosts "
+                                       "registered in the pool)")
+    autoscale_boot_timeout_s: float = opt(600.0, "A started host not registered after this long is stopped and "
+                                                 "forgotten")
+    host_provider: str = opt("static", "Who adds and removes render hosts: static (fixed inventory, drain/undrain "
+                                       "only), local (render-node processes on this machine), kubernetes")
+    local_node_command: list[str] = opt([], "argv template of a local render node; placeholders {python} "
+                                            "{broker_url} {node_token} {pool} {host_id}; empty = python -m "
+                                            "streamer --broker-url ... --node-token ... --pool ... --host-id ...")
+    local_broker_url: str = opt("", "URL local render nodes use to reach this broker; empty = http://host:port")
+    local_stop_timeout_s: float = opt(10.0, "Seconds between SIGTERM and SIGKILL when stopping a local render node")
+    kubernetes_namespace: str = opt("default", "Namespace of the render-node workloads")
+    kubernetes_workload: str = opt("render-node-{pool}", "Name of the workload running a pool's render nodes "
+                                                         "({pool} is replaced)")
+    kubernetes_workload_kind: str = opt("deployment", "deployment (scale-in removes the drained pod via "
+                                                      "pod-deletion-cost) or statefulset (only the highest "
+                                                      "ordinal can be removed)")
     log_level: str = opt("info", "Logging level")
 
     @property

@@ -182,3 +182,66 @@ class Repository:
         async with self.engine.connect() as conn:
             rows = (await conn.execute(q.order_by(t.pool_samples.c.ts_ms))).mappings().all()
         return [{k: v for k, v in r.items() if k != "id"} for r in rows]
+
+    # ---- autoscaling: plans, decision log, recommendations ------------------------------
+    async def save_plan(self, pool: str, plan: dict[str, Any], ts_ms: int) -> bool:
+        """Create or replace a pool's scaling plan; True when it was created."""
+        async with self.engine.begin() as conn:
+            res = await conn.execute(update(t.scaling_plans).where(t.scaling_plans.c.pool == pool)
+                                     .values(plan=plan, updated_ms=ts_ms))
+            if res.rowcount == 0:
+                await conn.execute(insert(t.scaling_plans).values(pool=pool, plan=plan, updated_ms=ts_ms))
+                return True
+        return False
+
+    async def get_plan(self, pool: str) -> dict[str, Any] | None:
+        """``{"pool", "plan", "updated_ms"}`` or None when the pool has no plan."""
+        async with self.engine.connect() as conn:
+            r = (await conn.execute(select(t.scaling_plans).where(t.scaling_plans.c.pool == pool))).mappings().first()
+        return dict(r) if r else None
+
+    async def list_plans(self) -> dict[str, dict[str, Any]]:
+        """Every stored plan body by pool name."""
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(select(t.scaling_plans).order_by(t.scaling_plans.c.pool))).mappings().all()
+        return {r["pool"]: r["plan"] for r in rows}
+
+    async def delete_plan(self, pool: str) -> bool:
+        async with self.engine.begin() as conn:
+            res = await conn.execute(delete(t.scaling_plans).where(t.scaling_plans.c.pool == pool))
+        return bool(res.rowcount)
+
+    async def add_decisions(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Append autoscaler decision rows (ts_ms, pool, phase, kind, host, count, reason, detail)."""
+        if rows:
+            async with self.engine.begin() as conn:
+                await conn.execute(insert(t.autoscale_decisions), list(rows))
+
+    async def decisions(self, pool: str, limit: int = 50) -> list[dict[str, Any]]:
+        """A pool's autoscaler decisions, newest first."""
+        q = (select(t.autoscale_decisions).where(t.autoscale_decisions.c.pool == pool)
+             .order_by(t.autoscale_decisions.c.id.desc()).limit(limit))
+        async with self.engine.connect() as conn:
+            return [dict(r) for r in (await conn.execute(q)).mappings().all()]
+
+    async def save_recommendation(self, pool: str, result: dict[str, Any], ts_ms: int) -> None:
+        async with self.engine.begin() as conn:
+            res = await conn.execute(update(t.recommendations).where(t.recommendations.c.pool == pool)
+                                     .values(result=result, ts_ms=ts_ms))
+            if res.rowcount == 0:
+                await conn.execute(insert(t.recommendations).values(pool=pool, result=result, ts_ms=ts_ms))
+
+    async def get_recommendation(self, pool: str) -> dict[str, Any] | None:
+        """``{"pool", "ts_ms", "result"}`` or None."""
+        async with self.engine.connect() as conn:
+            r = (await conn.execute(select(t.recommendations).where(t.recommendations.c.pool == pool))
+                 ).mappings().first()
+        return dict(r) if r else None
+
+    async def pool_demand(self, pool: str, since_ms: int, until_ms: int) -> list[tuple[int, int | None, int | None]]:
+        """(created_ms, seated_ms, ended_ms) of the pool's ended sessions requested in [since, until)."""
+        c = t.sessions.c
+        q = (select(c.created_ms, c.seated_ms, c.ended_ms)
+             .where(c.pool == pool, c.created_ms >= since_ms, c.created_ms < until_ms).order_by(c.created_ms))
+        async with self.engine.connect() as conn:
+            return [(int(r[0]), r[1], r[2]) for r in (await conn.execute(q)).all()]

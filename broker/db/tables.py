@@ -1,4 +1,4 @@
-"""SQL tables: session history, audit log, durable pool configs, utilization samples.
+"""SQL tables: session history, audit log, durable pool configs, utilization samples, autoscaling.
 
 SQL is the system of record for what happened (history, audit) and for
 configuration that must survive a Redis loss (pools).  Live state lives in
@@ -72,4 +72,36 @@ pool_samples = Table(
     Index("ix_pool_samples_pool_ts", "pool", "ts_ms"),
 )
 
-ALL_TABLES = ("sessions", "audit", "pools", "pool_samples")
+scaling_plans = Table(
+    "scaling_plans",
+    metadata,
+    Column("pool", String(63), primary_key=True),
+    Column("plan", JSON, nullable=False),  # ScalingPlan.to_dict()
+    Column("updated_ms", BigInteger, nullable=False),
+)
+
+autoscale_decisions = Table(
+    "autoscale_decisions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("ts_ms", BigInteger, nullable=False),
+    Column("pool", String(63), nullable=False),
+    Column("phase", String(16), nullable=False),
+    Column("kind", String(32), nullable=False),  # start_hosts, drain, undrain, stop_host, ...
+    Column("host", String(63)),
+    Column("count", Integer),
+    Column("reason", String(64), nullable=False),  # broker.autoscale.Reason code
+    Column("detail", JSON),  # {"detail": human text, "outcome": applied|lost_race|failed, ...}
+    Index("ix_autoscale_decisions_pool_id", "pool", "id"),
+)
+
+recommendations = Table(
+    "recommendations",
+    metadata,
+    Column("pool", String(63), primary_key=True),
+    Column("ts_ms", BigInteger, nullable=False),
+    Column("result", JSON, nullable=False),
+)
+
+ALL_TABLES = ("sessions", "audit", "pools", "pool_samples", "scaling_plans", "autoscale_decisions",
+              "recommendations")

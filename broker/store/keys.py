@@ -20,6 +20,9 @@ Key map (``P`` is the prefix, default ``rb``)::
     P:outbox                    list   JSON records (session start/end) waiting for SQL
     P:outbox:processing         list   records being written to SQL (recovered if a replica dies)
     P:lock:{name}               string leader locks for once-per-cluster loops, TTL'd
+                                       (the autoscaler's per-pool lock is named ``autoscale:{pool}``)
+    P:autoscale:{pool}          string JSON autoscaler record (AutoscaleState, hosts starting, last
+                                       evaluation), TTL AUTOSCALE_STATE_TTL_S, rewritten every pass
 
 Channels: ``P:ev:session:{id}`` (state changes), ``P:ev:pool:{pool}`` (queue moved),
 ``P:node:{host}`` (commands for a node), ``P:sig:{session}:client`` (signaling to the viewer).
@@ -33,6 +36,8 @@ ENDED_SESSION_TTL_S: Final = 3600  # ended sessions stay readable for an hour, S
 DOWN_HOST_TTL_S: Final = 3600  # a down host's record is kept an hour for the dashboard
 DEFAULT_HOST_LEASE_TTL_S: Final = 15  # three missed 5 s heartbeats
 OUTBOX_STALE_MS: Final = 30_000  # a record in processing this long was orphaned by a dead replica
+AUTOSCALE_STATE_TTL_S: Final = 7 * 86_400  # an autoscaler record no replica has rewritten for a week is dropped
+AUTOSCALE_LOCK_MIN_TTL_S: Final = 10  # the per-pool leader lock lives max(this, 2 intervals)
 
 
 class Keys:
@@ -72,6 +77,14 @@ class Keys:
 
     def lock(self, name: str) -> str:
         return f"{self.prefix}:lock:{name}"
+
+    @staticmethod
+    def autoscale_lock_name(pool: str) -> str:
+        """The name (for ``lock``/``LiveStore.try_lock``) of a pool's autoscaler leader lock."""
+        return f"autoscale:{pool}"
+
+    def autoscale(self, pool: str) -> str:
+        return f"{self.prefix}:autoscale:{pool}"
 
     # pub/sub channels
     def chan_session(self, session_id: str) -> str:
