@@ -1,0 +1,37 @@
+"""``render-node``: run the node agent, or print this machine's encoder probe table."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["encoders"]:
+        from encoder.cli import main as encoders_main
+
+        return encoders_main(argv[1:])
+    from streamer.settings import load
+
+    settings = load(argv, os.environ)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not settings.node_token:
+        print("render-node: --node-token (or NODE_NODE_TOKEN) is required", file=sys.stderr)
+        return 2
+    return asyncio.run(_run(settings))
+
+
+async def _run(settings: object) -> int:
+    from streamer.agent import NodeAgent
+
+    agent = NodeAgent(settings)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, agent.stop)
+    await agent.run()
+    return 0

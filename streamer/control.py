@@ -1,0 +1,89 @@
+"""Per-viewer stream control: which encoder to use, and the bitrate/ladder state between decisions (pure).
+
+Job: ``choose_backend`` picks the encoder backend for a viewer from the probe
+results, the node's encoder preference, the session profile's codec
+preference and the codecs the viewer's offer can receive.
+``StreamController`` holds the state of the two pure policies,
+``streamer.bitrate.decide`` (target bitrate) and ``streamer.ladder.decide``
+(resolution/fps rung), and feeds the first's target into the second; the
+session runtime applies the resulting ``ControlStep`` (decide, then apply).
+
+Concurrency model: none.  No clock (time comes in as ``now_ms``), no I/O, no
+asyncio, no aiortc or PyAV import; ``StreamController`` is a plain object
+owned by one task.
+
+Invariant: the chosen backend produces a codec aiortc can packetize and the
+viewer offered; the ladder always sees the bitrate decision of the same step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from encoder.backends import AIORTC_VIDEO_CODECS, BACKENDS, Backend, ProbeResult
+from encoder.select import Selection, select_backend
+from streamer import bitrate as bitrate_policy
+from streamer import ladder as ladder_policy
+from streamer.bitrate import BitrateDecision, BitrateProfile, Feedback
+from streamer.ladder import Ladder, LadderDecision, Rung
+
+# Profile codec preference -> WebRTC codec name (None: whatever the viewer offers).
+CODEC_PREFERENCES: Final[Mapping[str, str | None]] = {"auto": None, "h264": "H264", "vp8": "VP8"}
+# Only what aiortc can packetize is worth probing (HEVC/AV1 would need payloaders aiortc lacks).
+SENDABLE_BACKENDS: Final[tuple[Backend, ...]] = tuple(b for b in BACKENDS if b.webrtc_codec in AIORTC_VIDEO_CODECS)
+
+
+def choose_backend(
+    probes: tuple[ProbeResult, ...],
+    *,
+    encoder_preference: str,
+    codec_preference: str,
+    peer_codecs: frozenset[str],
+) -> Selection:
+    """Pick the encoder for a viewer: probe results x node preference x profile codec x offer.
+
+    The profile's codec narrows the viewer's codecs when the viewer offers it;
+    otherwise it is ignored, with a reason.  Raises ``NoEncoderError``.
+    """
+    sendable = frozenset(c.upper() for c in peer_codecs) & AIORTC_VIDEO_CODECS
+    notes: list[str] = []
+    wanted = CODEC_PREFERENCES[codec_preference.lower()]
+    if wanted is not None:
+        if wanted in sendable:
+            sendable = frozenset({wanted})
+        else:
+            notes.append(f"profile codec {wanted} not receivable by the viewer ({', '.join(sorted(sendable))})")
+    selection = select_backend(probes, encoder_preference, sendable)
+    return Selection(selection.backend, (*notes, *selection.reasons))
+
+
+@dataclass(frozen=True, slots=True)
+class ControlStep:
+    """One control period's decisions: apply ``ladder.rung`` if it changed, else ``bitrate.target_bps``."""
+
+    bitrate: BitrateDecision
+    ladder: LadderDecision
+
+
+class StreamController:
+    """Bitrate controller + quality ladder for one viewer: holds their states between decisions."""
+
+    def __init__(self, profile: BitrateProfile, ladder: Ladder) -> None:
+        self._bitrate = bitrate_policy.initial_state(profile)
+        self._ladder = ladder_policy.initial_state(ladder, profile.start_bps)
+        self.last: ControlStep | None = None
+
+    @property
+    def rung(self) -> Rung:
+        """The rung to encode at now."""
+        return self._ladder.rung
+
+    def update(self, feedback: Feedback, now_ms: int) -> ControlStep:
+        """Fold one period's feedback in (``now_ms``: a monotonic clock, milliseconds)."""
+        bitrate = bitrate_policy.decide(self._bitrate, feedback, now_ms)
+        ladder = ladder_policy.decide(self._ladder, bitrate.target_bps, now_ms)
+        self._bitrate, self._ladder = bitrate.state, ladder.state
+        self.last = ControlStep(bitrate, ladder)
+        return self.last
