@@ -199,3 +199,24 @@ async def test_desktop_typing_and_node_kill_leave_nothing(system, tmp_path: Path
     async with http.get(f"{url}/api/v1/pools/desk", headers=auth(ADMIN)) as r:
         pool = await r.json()
     assert pool["seats_used"] == 0 and pool["hosts"]["down"] == 1
+
+
+async def test_signaling_relays_across_two_broker_replicas(redis_url: str, prefix: str, tmp_path: Path) -> None:
+    """The node holds its command socket on replica A; the viewer signals through replica B."""
+    env = {"BROKER_REDIS_URL": redis_url, "BROKER_REDIS_PREFIX": prefix, "BROKER_ADMIN_TOKEN": ADMIN,
+           "BROKER_NODE_TOKEN": NODE, "BROKER_SECRET": SECRET, "BROKER_DATA_DIR": str(tmp_path / "d"),
+           "BROKER_DATABASE_URL": f"sqlite:///{tmp_path / 'shared.db'}", "BROKER_LOG_LEVEL": "info"}
+    async with broker_process(env, str(tmp_path / "a.log")) as a, broker_process(env, str(tmp_path / "b.log")) as b, \
+            aiohttp.ClientSession() as http:
+        token, s = await start_session(http, a.url, "game", "game", "gamer", {"width": 320, "height": 240, "fps": 30})
+        async with node_process(a.url, "game", "node-a", tmp_path / "node.log"):
+            await wait_host(http, b.url, "node-a")
+            await wait_state(http, b.url, s["id"], token, {"running"})
+            viewer = Viewer()
+            async with http.ws_connect(f"{b.url}/api/v1/sessions/{s['id']}/signal?access_token={token}") as ws:
+                await viewer.connect(BrokerSignal(ws))
+                frames = await viewer.wait_frames(10)
+                assert {(f.width, f.height) for f in frames} == {(320, 240)}
+            await viewer.close()
+            # the viewer left: the node reports it and the broker marks the session disconnected
+            await wait_state(http, a.url, s["id"], token, {"disconnected"})
