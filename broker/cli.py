@@ -35,6 +35,8 @@ def serve(argv: Sequence[str]) -> int:
                                                  "defaults.")
     settings, _ = load(BrokerSettings, argv, os.environ, "BROKER_", parser)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.log_level.lower() != "debug":
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # heartbeats would flood the log
     settings, generated = _fill_secrets(settings)
     for name in generated:
         if name != "secret":  # the HMAC key is never printed
