@@ -282,8 +282,9 @@ class SessionRuntime:
             "bitrate_bps": self._send_rate_bps,  # measured RTP payload rate
             "target_bps": step.bitrate.target_bps if step else None,
             "encoder_bitrate_bps": None,  # what the codec runs at (may hold back small changes)
-            "keyframes": 0,
-            "requested_keyframes": 0,
+            "keyframes": 0,  # produced by the current encoder
+            "requested_keyframes": 0,  # keyframes forced by PLI/FIR or a new viewer (current encoder)
+            "bitrate_keyframes": 0,  # keyframes caused by bitrate changes the codec could not follow live
             "keyframe_requests": self._keyframe_requests,  # PLI/FIR received
             "encoder": None,
             "codec": None,
@@ -314,6 +315,7 @@ class SessionRuntime:
                 encoder_bitrate_bps=encoder.bitrate_bps,
                 keyframes=snap.keyframes,
                 requested_keyframes=snap.requested_keyframes,
+                bitrate_keyframes=snap.bitrate_keyframes,
                 encoder=p.encoder,
                 codec=encoder.backend.webrtc_codec,
                 width=p.width,

@@ -288,7 +288,6 @@ async def test_a_ladder_step_reopens_the_encoder_at_the_new_rung(viewer: Viewer)
         assert first.key_frame
         stats = runtime.stats()
         assert (stats["width"], stats["height"], stats["target_fps"]) == (640, 360, 30)
-        assert stats["keyframes"] == 1  # a fresh encoder: its first frame is its only keyframe
     finally:
         await runtime.stop()
 

@@ -1,0 +1,52 @@
+// Pure calculations of the viewer: no DOM, no clock, no I/O (tests/web/test_calc.py runs them in Node).
+
+import { WHEEL_MAX_NOTCHES } from "./protocol.js";
+
+export const WHEEL_PX_PER_NOTCH = 100; // Chromium/Firefox report 100 px (DOM_DELTA_PIXEL) per mouse-wheel notch
+export const WHEEL_LINES_PER_NOTCH = 3; // DOM_DELTA_LINE: three lines per notch
+export const PROFILE_LIMITS = Object.freeze({ minW: 160, minH: 120, maxW: 7680, maxH: 4320 }); // broker PROFILE_SCHEMA
+export const RESIZE_LIMITS = Object.freeze({ minW: 64, minH: 64, maxW: 7680, maxH: 4320 }); // node's bounds for "rs"
+
+export const even = (n) => Math.floor(n / 2) * 2;
+export const clamp = (v, lo, hi) => Math.min(hi, Math.max(lo, v));
+
+/** Even pixel size within limits (4:2:0 video needs even dimensions). */
+export function evenSize(width, height, limits) {
+  return {
+    width: clamp(even(Math.round(width)), limits.minW, limits.maxW),
+    height: clamp(even(Math.round(height)), limits.minH, limits.maxH),
+  };
+}
+
+/**
+ * The on-screen rectangle of a video's picture inside its element box when scaled with
+ * object-fit: contain (letterbox or pillarbox bars around it).  null while the size is unknown.
+ */
+export function contentRect(box, videoW, videoH) {
+  if (!videoW || !videoH || !box.width || !box.height) return null;
+  const scale = Math.min(box.width / videoW, box.height / videoH);
+  const w = videoW * scale, h = videoH * scale;
+  return { left: box.left + (box.width - w) / 2, top: box.top + (box.height - h) / 2, width: w, height: h };
+}
+
+/** A client point as 0..1 coordinates of the picture (clamped to its edges), 5 decimals. */
+export function relativePoint(rect, clientX, clientY) {
+  const r5 = (v) => Math.round(v * 1e5) / 1e5;
+  return { x: r5(clamp((clientX - rect.left) / rect.width, 0, 1)), y: r5(clamp((clientY - rect.top) / rect.height, 0, 1)) };
+}
+
+/** Wheel delta in notches for a WheelEvent.deltaMode, clamped to the protocol limit; 2 decimals. */
+export function wheelNotches(delta, mode) {
+  const perNotch = mode === 1 ? WHEEL_LINES_PER_NOTCH : mode === 2 ? 1 : WHEEL_PX_PER_NOTCH;
+  const v = Math.round(clamp(delta / perNotch, -WHEEL_MAX_NOTCHES, WHEEL_MAX_NOTCHES) * 100) / 100;
+  return v === 0 ? 0 : v; // no -0 on the wire
+}
+
+/**
+ * Estimated queue wait in seconds: position / (queue advances per second seen since joining).
+ * null until at least one seat has been handed out while we waited.
+ */
+export function estimateWaitS(position, advances, elapsedS) {
+  if (!Number.isFinite(position) || !(advances > 0) || !(elapsedS > 0)) return null;
+  return position / (advances / elapsedS);
+}

@@ -1,0 +1,277 @@
+// Viewer input -> data-channel messages (broker/protocol.py InputType): keyboard by
+// KeyboardEvent.code, pointer as 0..1 coordinates of the video picture (letterboxing respected),
+// buttons, wheel notches, gamepads (polled, sent on change), clipboard paste, viewport resize.
+//
+// One InputController per page.  It never talks to the network itself: `send(msg)` (false when the
+// channel is closed) and a few predicates come from the caller, so a reconnect swaps the channel
+// underneath without touching the listeners.
+//
+// Latency: pointer moves are coalesced to one message per animation frame and skipped while the
+// channel has a backlog (never keys or buttons: those are state changes and must all arrive).
+// Invariant: every key or button reported down is reported up, also on blur, hidden tab or teardown.
+
+import {
+  CLIPBOARD_MAX_CHARS, GAMEPAD_MAX_AXES, GAMEPAD_MAX_BUTTONS, GAMEPAD_MAX_INDEX, InputType, POINTER_MAX_BUTTON,
+} from "./protocol.js";
+import { RESIZE_LIMITS, clamp, contentRect, evenSize, relativePoint, wheelNotches } from "./calc.js";
+
+const MOVE_BACKLOG_BYTES = 8 * 1024; // skip pointer moves while this much input waits in the channel
+const PASTE_KEY_WAIT_MS = 150; // hold Ctrl+V's key-down until the clipboard text went first
+const RESIZE_DEBOUNCE_MS = 400;
+
+const round3 = (v) => Math.round(v * 1000) / 1000;
+const round5 = (v) => Math.round(v * 1e5) / 1e5;
+
+function isEditable(t) {
+  return t instanceof HTMLElement && (t.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(t.tagName));
+}
+
+/** Keys typed while a page control has focus (toolbar, overlays, banner, forms) stay local. */
+function localTarget(t) {
+  return t instanceof Element && (isEditable(t) || Boolean(t.closest(".toolbar, .overlay, .banner")));
+}
+
+export function isStatsToggle(e) {
+  return e.code === "F8" || (e.ctrlKey && e.shiftKey && e.code === "KeyS");
+}
+
+function isPasteShortcut(e) {
+  return (e.code === "KeyV" && (e.ctrlKey || e.metaKey) && !e.altKey) || (e.code === "Insert" && e.shiftKey);
+}
+
+export class InputController {
+  /**
+   * @param {object} o
+   * @param {HTMLVideoElement} o.video  the element showing the stream
+   * @param {(msg: object) => boolean} o.send  send one message; false when the channel is closed
+   * @param {() => boolean} o.active  true while input should flow (streaming and channel open)
+   * @param {() => number} o.backlog  bytes queued in the channel (RTCDataChannel.bufferedAmount)
+   * @param {() => boolean} o.gameMode  pointer lock on click (game pools)
+   * @param {() => boolean} o.allowResize  the pool accepts "rs"
+   * @param {() => void} o.toggleStats  F8 / Ctrl+Shift+S while streaming
+   * @param {() => boolean} o.streaming  the stream view is shown (stats toggle works even offline)
+   * @param {(text: string) => void} o.hint  a short on-screen hint
+   */
+  constructor(o) {
+    this.o = o;
+    this.keys = new Set();
+    this.buttons = new Set();
+    this.pendingPaste = null; // {code, timer}
+    this.pendingMove = null;
+    this.lastMove = null;
+    this.locked = { x: 0.5, y: 0.5 }; // virtual pointer while the pointer is locked
+    this.pads = new Map(); // gamepad index -> last message sent (JSON)
+    this.lastResize = "";
+    this.resizeTimer = 0;
+  }
+
+  /** Install the listeners and the per-frame loop (once). */
+  attach() {
+    const v = this.o.video;
+    document.addEventListener("keydown", (e) => this.onKeyDown(e), { capture: true });
+    document.addEventListener("keyup", (e) => this.onKeyUp(e), { capture: true });
+    document.addEventListener("paste", (e) => this.onPaste(e));
+    v.addEventListener("mousemove", (e) => this.onMouseMove(e));
+    document.addEventListener("mousemove", (e) => { if (document.pointerLockElement === v) this.onMouseMove(e); });
+    v.addEventListener("mousedown", (e) => this.onMouseDown(e));
+    window.addEventListener("mouseup", (e) => this.onMouseUp(e));
+    v.addEventListener("wheel", (e) => this.onWheel(e), { passive: false });
+    v.addEventListener("contextmenu", (e) => e.preventDefault());
+    window.addEventListener("blur", () => this.releaseAll());
+    document.addEventListener("visibilitychange", () => { if (document.hidden) this.releaseAll(); });
+    document.addEventListener("pointerlockchange", () => {
+      document.body.classList.toggle("pointer-locked", document.pointerLockElement === v);
+    });
+    window.addEventListener("gamepaddisconnected", (e) => this.onGamepadDisconnected(e));
+    window.addEventListener("resize", () => {
+      clearTimeout(this.resizeTimer);
+      this.resizeTimer = setTimeout(() => this.sendResize(), RESIZE_DEBOUNCE_MS);
+    });
+    const frame = () => {
+      this.flushMove();
+      this.pollGamepads();
+      requestAnimationFrame(frame);
+    };
+    requestAnimationFrame(frame);
+  }
+
+  /** A new data channel opened: its peer knows nothing yet, so state is re-sent on change. */
+  channelOpened() {
+    this.pads.clear();
+    this.lastMove = null;
+    this.lastResize = "";
+    this.sendResize();
+  }
+
+  /** Release every key and button reported down (focus loss must not leave input stuck remotely). */
+  releaseAll() {
+    if (this.pendingPaste) { clearTimeout(this.pendingPaste.timer); this.pendingPaste = null; }
+    for (const c of this.keys) this.o.send({ t: InputType.KEY, c, d: false });
+    this.keys.clear();
+    for (const b of this.buttons) this.o.send({ t: InputType.POINTER_BUTTON, b, d: false });
+    this.buttons.clear();
+  }
+
+  // ---- keyboard ----------------------------------------------------------------------------
+  keyDown(code) {
+    this.keys.add(code);
+    this.o.send({ t: InputType.KEY, c: code, d: true });
+  }
+
+  flushPasteKey() {
+    if (!this.pendingPaste) return;
+    clearTimeout(this.pendingPaste.timer);
+    const { code } = this.pendingPaste;
+    this.pendingPaste = null;
+    this.keyDown(code);
+  }
+
+  onKeyDown(e) {
+    if (this.o.streaming() && isStatsToggle(e)) {
+      e.preventDefault();
+      if (!e.repeat) this.o.toggleStats();
+      return;
+    }
+    if (!this.o.active() || localTarget(e.target)) return;
+    if (e.repeat) { e.preventDefault(); return; } // the remote side auto-repeats held keys itself
+    if (isPasteShortcut(e)) {
+      // No preventDefault: the browser must fire 'paste' so the clipboard text reaches the remote
+      // side before the shortcut does.  The key-down waits for it (or for a short timeout).
+      this.flushPasteKey();
+      this.pendingPaste = { code: e.code, timer: setTimeout(() => this.flushPasteKey(), PASTE_KEY_WAIT_MS) };
+      return;
+    }
+    e.preventDefault();
+    this.keyDown(e.code);
+  }
+
+  onKeyUp(e) {
+    if (this.o.streaming() && isStatsToggle(e)) { e.preventDefault(); return; }
+    if (this.pendingPaste && this.pendingPaste.code === e.code) this.flushPasteKey();
+    if (!this.keys.has(e.code)) return;
+    e.preventDefault();
+    this.keys.delete(e.code);
+    this.o.send({ t: InputType.KEY, c: e.code, d: false });
+  }
+
+  onPaste(e) {
+    if (!this.o.active() || localTarget(e.target)) return;
+    const text = e.clipboardData ? e.clipboardData.getData("text/plain") : "";
+    e.preventDefault();
+    if (text) this.o.send({ t: InputType.CLIPBOARD, text: text.slice(0, CLIPBOARD_MAX_CHARS) });
+    this.flushPasteKey();
+  }
+
+  // ---- pointer -----------------------------------------------------------------------------
+  pointerPos(e) {
+    const v = this.o.video;
+    const r = contentRect(v.getBoundingClientRect(), v.videoWidth, v.videoHeight);
+    if (!r) return null;
+    if (document.pointerLockElement === v) {
+      // the protocol carries absolute positions: integrate the locked pointer's movement
+      this.locked.x = clamp(this.locked.x + e.movementX / r.width, 0, 1);
+      this.locked.y = clamp(this.locked.y + e.movementY / r.height, 0, 1);
+      return { x: round5(this.locked.x), y: round5(this.locked.y) };
+    }
+    return relativePoint(r, e.clientX, e.clientY);
+  }
+
+  onMouseMove(e) {
+    if (!this.o.active()) return;
+    const p = this.pointerPos(e);
+    if (p) this.pendingMove = p;
+  }
+
+  flushMove() {
+    const p = this.pendingMove;
+    if (!p || !this.o.active()) return;
+    if (this.lastMove && this.lastMove.x === p.x && this.lastMove.y === p.y) { this.pendingMove = null; return; }
+    if (this.o.backlog() > MOVE_BACKLOG_BYTES) return; // keep only the newest position until the backlog drains
+    if (this.o.send({ t: InputType.POINTER_MOVE, x: p.x, y: p.y })) {
+      this.lastMove = p;
+      this.pendingMove = null;
+    }
+  }
+
+  onMouseDown(e) {
+    if (!this.o.active()) return;
+    const v = this.o.video;
+    v.focus({ preventScroll: true });
+    e.preventDefault();
+    if (this.o.gameMode() && document.pointerLockElement !== v) {
+      const p = this.pointerPos(e);
+      if (p) { this.locked.x = p.x; this.locked.y = p.y; }
+      this.requestLock();
+    }
+    const b = e.button + 1;
+    if (b < 1 || b > POINTER_MAX_BUTTON) return;
+    const p = this.pointerPos(e);
+    if (p) { this.pendingMove = p; this.flushMove(); } // the click lands where the pointer is now
+    this.buttons.add(b);
+    this.o.send({ t: InputType.POINTER_BUTTON, b, d: true });
+  }
+
+  onMouseUp(e) {
+    const b = e.button + 1;
+    if (!this.buttons.has(b)) return;
+    e.preventDefault();
+    this.buttons.delete(b);
+    this.o.send({ t: InputType.POINTER_BUTTON, b, d: false });
+  }
+
+  requestLock() {
+    // Raw (unaccelerated) movement where the platform offers it; plain pointer lock otherwise.
+    const v = this.o.video;
+    const plain = () => {
+      try {
+        const r = v.requestPointerLock();
+        if (r && r.catch) r.catch(() => this.o.hint("The browser refused to capture the mouse: click the video again"));
+      } catch { /* refused: the pointer stays free */ }
+    };
+    try {
+      const r = v.requestPointerLock({ unadjustedMovement: true });
+      if (r && r.catch) r.catch(plain);
+    } catch {
+      plain();
+    }
+  }
+
+  onWheel(e) {
+    if (!this.o.active()) return;
+    e.preventDefault();
+    const dx = wheelNotches(e.deltaX, e.deltaMode), dy = wheelNotches(e.deltaY, e.deltaMode);
+    if (dx || dy) this.o.send({ t: InputType.WHEEL, dx, dy });
+  }
+
+  // ---- gamepads: polled every animation frame, sent on change --------------------------------
+  pollGamepads() {
+    if (!this.o.active() || !navigator.getGamepads) return;
+    for (const pad of navigator.getGamepads()) {
+      if (!pad || pad.index > GAMEPAD_MAX_INDEX) continue;
+      const msg = {
+        t: InputType.GAMEPAD, i: pad.index,
+        ax: Array.from(pad.axes).slice(0, GAMEPAD_MAX_AXES).map((v) => round3(clamp(v, -1, 1))),
+        bt: Array.from(pad.buttons).slice(0, GAMEPAD_MAX_BUTTONS).map((b) => round3(clamp(b.value, 0, 1))),
+      };
+      const key = JSON.stringify(msg);
+      if (this.pads.get(pad.index) !== key && this.o.send(msg)) this.pads.set(pad.index, key);
+    }
+  }
+
+  onGamepadDisconnected(e) {
+    const pad = e.gamepad;
+    if (pad.index > GAMEPAD_MAX_INDEX) return;
+    // neutral state so nothing stays held on the remote controller
+    this.o.send({ t: InputType.GAMEPAD, i: pad.index, ax: new Array(Math.min(pad.axes.length, GAMEPAD_MAX_AXES)).fill(0),
+                  bt: new Array(Math.min(pad.buttons.length, GAMEPAD_MAX_BUTTONS)).fill(0) });
+    this.pads.delete(pad.index);
+  }
+
+  // ---- viewport resize -------------------------------------------------------------------------
+  sendResize() {
+    if (!this.o.allowResize() || !this.o.active()) return;
+    const { width: w, height: h } = evenSize(window.innerWidth, window.innerHeight, RESIZE_LIMITS);
+    const key = `${w}x${h}`;
+    if (key !== this.lastResize && this.o.send({ t: InputType.RESIZE, w, h })) this.lastResize = key;
+  }
+}

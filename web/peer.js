@@ -1,0 +1,209 @@
+// One WebRTC connection to a session's render node: the RTCPeerConnection, the input data channel
+// and the signaling WebSocket that the broker relays to the node.
+//
+// We are the offerer: a recvonly video transceiver plus the INPUT_CHANNEL_LABEL data channel,
+// built with the session's ICE servers only (an empty list stays empty: no public STUN fallback).
+// We send one complete offer after ICE gathering (no trickle from our side) and accept trickled
+// candidates from the node.  A PeerLink is used once: reconnecting means close() and a new one.
+// After close() no handler fires.
+//
+// Input channel: ordered and reliable (the defaults).  Key and button events are state changes:
+// a lost key-up leaves a key stuck on the remote side, and a reordered down/up pair does the same,
+// so unordered or partially reliable delivery would trade latency for stuck input.  Latency is
+// kept low by sending little instead (see input.js: coalesced, backlog-aware pointer moves).
+//
+// Offer re-sends: the node replaces its peer for every offer it accepts, so an answer to an older
+// copy no longer matches the node's peer.  A copy goes out only when the first cannot have been
+// used: after the node reports "running" (nodeReady), after a "not_running" error, on the node's
+// peer_joined, or for a session already running after a long silence.
+
+import { INPUT_CHANNEL_LABEL, SignalType } from "./protocol.js";
+import { withToken, wsUrl } from "./common.js";
+
+const ICE_GATHER_TIMEOUT_MS = 4000; // send what we have if gathering stalls (e.g. an unreachable STUN server)
+const OFFER_RESEND_MS = 10_000; // last resort, only for an offer sent to a running session
+const RUNNING_GRACE_MS = 1500; // after the node reports "running", wait this long for the answer to a held offer
+const NOT_RUNNING_RETRY_MS = 500; // "not_running" although the broker says running: retry soon
+
+function iceGatheringComplete(pc, timeoutMs) {
+  if (pc.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      pc.removeEventListener("icegatheringstatechange", check);
+      resolve();
+    };
+    const check = () => { if (pc.iceGatheringState === "complete") done(); };
+    const timer = setTimeout(done, timeoutMs);
+    pc.addEventListener("icegatheringstatechange", check);
+  });
+}
+
+export class PeerLink {
+  /**
+   * @param {object} o
+   * @param {string} o.signalUrl  the session's signaling path (session view signaling.url)
+   * @param {string} o.token  bearer token, sent as ?access_token= (WebSockets cannot set headers)
+   * @param {object[]} o.iceServers  the session's ICE servers, used as given
+   * @param {() => boolean} o.starting  true while the broker still reports the session "starting"
+   * @param {object} o.on  handlers: answered(), state(connectionState), track(MediaStream),
+   *   channelOpen(), nodeEvent(rawData), bye(reason), signalError(msg), signalClosed()
+   */
+  constructor(o) {
+    this.o = o;
+    this.pc = null;
+    this.dc = null;
+    this.ws = null;
+    this.offer = null;
+    this.answered = false;
+    this.closed = false;
+    this.resendWhenRunning = false;
+    this.pendingCandidates = [];
+    this.timer = 0;
+  }
+
+  /** Build the peer connection, gather, open signaling and send the offer. Rejects on setup errors. */
+  async start() {
+    const pc = new RTCPeerConnection({ iceServers: this.o.iceServers || [], bundlePolicy: "max-bundle" });
+    this.pc = pc;
+    pc.addTransceiver("video", { direction: "recvonly" });
+    const dc = pc.createDataChannel(INPUT_CHANNEL_LABEL, { ordered: true });
+    this.dc = dc;
+    dc.onopen = () => { if (!this.closed) this.o.on.channelOpen(); };
+    dc.onmessage = (e) => { if (!this.closed) this.o.on.nodeEvent(e.data); };
+    pc.ontrack = (e) => {
+      if (!this.closed) this.o.on.track(e.streams && e.streams[0] ? e.streams[0] : new MediaStream([e.track]));
+    };
+    pc.onconnectionstatechange = () => { if (!this.closed) this.o.on.state(pc.connectionState); };
+    await pc.setLocalDescription(await pc.createOffer());
+    await iceGatheringComplete(pc, ICE_GATHER_TIMEOUT_MS);
+    if (this.closed) return;
+    this.offer = { type: SignalType.OFFER, sdp: pc.localDescription.sdp };
+    this.openSignal();
+  }
+
+  get channelOpen() { return Boolean(this.dc && this.dc.readyState === "open"); }
+
+  /** Send one input message on the data channel; false when it is not open. */
+  send(msg) {
+    if (this.closed || !this.channelOpen) return false;
+    this.dc.send(JSON.stringify(msg));
+    return true;
+  }
+
+  /** Bytes waiting in the data channel. */
+  get backlog() { return this.dc ? this.dc.bufferedAmount : 0; }
+
+  /** The broker reports the session past "starting": a held offer is answered now, a dropped one is re-sent. */
+  nodeReady() {
+    if (!this.resendWhenRunning || this.answered || this.closed) return;
+    this.resendWhenRunning = false;
+    this.schedule(RUNNING_GRACE_MS);
+  }
+
+  close() {
+    if (this.closed) return;
+    this.closed = true;
+    clearTimeout(this.timer);
+    const { ws, dc, pc } = this;
+    if (ws) { try { ws.close(1000, "closing"); } catch { /* already closed */ } }
+    if (dc) { try { dc.close(); } catch { /* already closed */ } }
+    if (pc) { try { pc.close(); } catch { /* already closed */ } }
+  }
+
+  /** Close the signaling socket as a network drop would (tests use it for the reconnect path). */
+  dropSignaling() {
+    if (this.ws) this.ws.close(4000, "simulated drop");
+  }
+
+  // ---- signaling ---------------------------------------------------------------------------------
+  openSignal() {
+    const ws = new WebSocket(wsUrl(withToken(this.o.signalUrl, this.o.token)));
+    this.ws = ws;
+    ws.onopen = () => { if (!this.closed && !this.answered) this.sendOffer(); };
+    ws.onmessage = (e) => {
+      if (this.closed) return;
+      let msg;
+      try { msg = JSON.parse(e.data); } catch { return; }
+      this.onSignal(msg);
+    };
+    ws.onclose = () => {
+      if (this.closed || this.ws !== ws) return;
+      this.ws = null;
+      // The broker tells the node "peer_left" when this socket closes and the node drops its peer:
+      // the media path goes with it, so the owner re-signals at once rather than waiting for ICE.
+      this.o.on.signalClosed();
+    };
+  }
+
+  sendSignal(msg) {
+    if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(msg));
+  }
+
+  sendOffer() {
+    if (!this.offer || this.closed) return;
+    this.sendSignal(this.offer);
+    clearTimeout(this.timer);
+    if (this.o.starting()) this.resendWhenRunning = true; // the node may hold it until its session runs
+    else this.schedule(OFFER_RESEND_MS);
+  }
+
+  schedule(ms) {
+    clearTimeout(this.timer);
+    this.timer = setTimeout(() => { if (!this.answered) this.sendOffer(); }, ms);
+  }
+
+  async onSignal(msg) {
+    const pc = this.pc;
+    switch (msg.type) {
+      case SignalType.ANSWER:
+        if (!pc || pc.signalingState !== "have-local-offer") return; // a duplicate answer to a re-sent offer
+        try {
+          await pc.setRemoteDescription({ type: "answer", sdp: msg.sdp });
+        } catch (err) {
+          if (!this.closed) this.o.on.signalError({ code: "bad_answer", detail: String(err && err.message) });
+          return;
+        }
+        if (this.closed) return;
+        this.answered = true;
+        this.resendWhenRunning = false;
+        clearTimeout(this.timer);
+        for (const c of this.pendingCandidates.splice(0)) this.addCandidate(c);
+        this.o.on.answered();
+        break;
+      case SignalType.CANDIDATE:
+        if (!msg.candidate) return; // end of candidates
+        if (this.answered) this.addCandidate(msg);
+        else this.pendingCandidates.push(msg);
+        break;
+      case SignalType.PEER_JOINED:
+        if (!this.answered) this.sendOffer(); // the node (re)connected: it has not seen our offer
+        break;
+      case SignalType.PEER_LEFT:
+        break; // the peer connection's own state tells whether media still flows
+      case SignalType.BYE:
+        this.o.on.bye(msg.reason || null);
+        break;
+      case SignalType.ERROR:
+        if (msg.code === "not_running" && !this.answered) {
+          // the node is still starting the session: its "running" report (nodeReady) re-sends
+          this.resendWhenRunning = true;
+          if (!this.o.starting()) this.schedule(NOT_RUNNING_RETRY_MS);
+          break;
+        }
+        this.o.on.signalError(msg);
+        break;
+      default:
+        break;
+    }
+  }
+
+  addCandidate(msg) {
+    if (!this.pc) return;
+    this.pc.addIceCandidate({
+      candidate: msg.candidate,
+      sdpMid: msg.sdpMid ?? null,
+      sdpMLineIndex: msg.sdpMLineIndex ?? (msg.sdpMid === undefined ? 0 : null),
+    }).catch((err) => console.warn("ignored a remote ICE candidate:", err));
+  }
+}

@@ -1,0 +1,149 @@
+// Stream statistics for the viewer's overlay and test hook: a summary of the inbound video from
+// RTCPeerConnection.getStats(), and glass-to-glass latency read from frame stamps.
+//
+// readStats() is a function of (peer connection, previous sample): rates are deltas against the
+// previous periodic sample the caller keeps.  FrameStamps samples the displayed video a few times a
+// second (requestVideoFrameCallback) and keeps the recent glass-to-glass values.
+
+import { el, fmtBitrate, fmtNum, render } from "./common.js";
+import { STAMP_COLUMNS, STAMP_ROWS, cellBits, median, parseStamp, stampHeight } from "./stamp.js";
+
+const STAMP_SCALE = 4; // stamp strip sampled at 4 x 4 canvas pixels per cell
+const STAMP_SAMPLE_MS = 250; // read a frame stamp at most this often (4x slower after repeated misses)
+const STAMP_WINDOW = 30; // glass-to-glass is the median of this many recent stamped frames
+
+/**
+ * Summary of the inbound video: fps, resolution, bitrate, RTT, jitter, loss, decode time, jitter
+ * buffer.  `prev` is an earlier result (or null); `extra` is merged in (input RTT, node stats, ...).
+ */
+export async function readStats(pc, prev, extra = {}) {
+  const report = await pc.getStats();
+  let inbound = null, transport = null, pair = null;
+  report.forEach((s) => {
+    if (s.type === "inbound-rtp" && s.kind === "video") inbound = s;
+    else if (s.type === "transport") transport = s;
+  });
+  if (transport && transport.selectedCandidatePairId) pair = report.get(transport.selectedCandidatePairId);
+  if (!pair) report.forEach((s) => { if (s.type === "candidate-pair" && s.nominated && s.state === "succeeded") pair = s; });
+  const codec = inbound && inbound.codecId ? report.get(inbound.codecId) : null;
+  const i = inbound || {};
+  const out = {
+    connectionState: pc.connectionState,
+    codec: codec ? codec.mimeType.replace(/^video\//, "") : null,
+    width: i.frameWidth ?? null,
+    height: i.frameHeight ?? null,
+    fps: i.framesPerSecond ?? null,
+    framesDecoded: i.framesDecoded ?? 0,
+    framesDropped: i.framesDropped ?? 0,
+    bytesReceived: i.bytesReceived ?? 0,
+    packetsReceived: i.packetsReceived ?? 0,
+    packetsLost: i.packetsLost ?? 0,
+    totalDecodeTime: i.totalDecodeTime ?? 0,
+    jitterMs: Number.isFinite(i.jitter) ? i.jitter * 1000 : null,
+    rttMs: pair && Number.isFinite(pair.currentRoundTripTime) ? pair.currentRoundTripTime * 1000 : null,
+    decodeMs: i.framesDecoded ? (i.totalDecodeTime / i.framesDecoded) * 1000 : null,
+    jitterBufferMs: i.jitterBufferEmittedCount ? (i.jitterBufferDelay / i.jitterBufferEmittedCount) * 1000 : null,
+    bitrateBps: null,
+    lossPct: null,
+    timestamp: inbound ? inbound.timestamp : null,
+    ...extra,
+  };
+  if (prev && inbound && prev.timestamp !== null && out.timestamp > prev.timestamp) {
+    const dt = (out.timestamp - prev.timestamp) / 1000;
+    out.bitrateBps = ((out.bytesReceived - prev.bytesReceived) * 8) / dt;
+    const lost = out.packetsLost - prev.packetsLost, got = out.packetsReceived - prev.packetsReceived;
+    out.lossPct = lost + got > 0 ? (Math.max(0, lost) / (lost + got)) * 100 : 0;
+    const frames = out.framesDecoded - prev.framesDecoded;
+    if (frames > 0) {
+      out.decodeMs = ((out.totalDecodeTime - prev.totalDecodeTime) / frames) * 1000; // recent, not lifetime
+      if (out.fps === null) out.fps = frames / dt;
+    }
+  }
+  return out;
+}
+
+/** Fill the overlay box with a stats summary (or a waiting note). */
+export function renderStats(box, s) {
+  if (!s) { render(box, el("div", { class: "title" }, "Stats"), el("div", {}, "waiting for video…")); return; }
+  const row = (k, v) => [el("dt", {}, k), el("dd", {}, v)];
+  const n = s.node || {};
+  render(box, el("div", { class: "title" }, "Stream stats · F8 to hide"), el("dl", {},
+    row("Resolution", s.width ? `${s.width}×${s.height}` : "–"),
+    row("Frame rate", fmtNum(s.fps, 0, " fps")),
+    row("Bitrate", fmtBitrate(s.bitrateBps)),
+    row("Codec", s.codec || "–"),
+    row("RTT (ICE)", fmtNum(s.rttMs, 1, " ms")),
+    row("Input RTT", fmtNum(s.inputRttMs, 1, " ms")),
+    row("Jitter", fmtNum(s.jitterMs, 1, " ms")),
+    row("Packet loss", fmtNum(s.lossPct, 2, " %")),
+    row("Decode time", fmtNum(s.decodeMs, 2, " ms")),
+    row("Jitter buffer", fmtNum(s.jitterBufferMs, 1, " ms")),
+    row("Frames dropped", String(s.framesDropped)),
+    n.encoder ? row("Encoder", String(n.encoder)) : null,
+    Number.isFinite(n.encode_ms) ? row("Encode time", fmtNum(n.encode_ms, 2, " ms")) : null,
+    Number.isFinite(n.target_bps) ? row("Target bitrate", fmtBitrate(n.target_bps)) : null,
+    row("Glass to glass", s.glassToGlassMs === null || s.glassToGlassMs === undefined ? "n/a (no frame stamp)"
+      : fmtNum(s.glassToGlassMs, 0, " ms"))));
+}
+
+/** Glass-to-glass latency from the render stamps in displayed frames (when the stream has them). */
+export class FrameStamps {
+  /** @param {HTMLVideoElement} video  @param {() => boolean} active  sample only while this is true */
+  constructor(video, active) {
+    this.video = video;
+    this.active = active;
+    this.samples = [];
+    this.misses = 0;
+    this.lastAt = 0;
+    this.ctx = null;
+  }
+
+  /** Start the per-frame callback loop (once; it follows whatever stream the element shows). */
+  start() {
+    const v = this.video;
+    if (!("requestVideoFrameCallback" in v)) return;
+    const loop = (_now, meta) => {
+      this.onFrame(meta);
+      v.requestVideoFrameCallback(loop);
+    };
+    v.requestVideoFrameCallback(loop);
+  }
+
+  /** Forget old samples (a new connection). */
+  reset() {
+    this.samples = [];
+    this.misses = 0;
+  }
+
+  /** Median of the recent samples in ms, or null when no frame carried a stamp. */
+  get glassToGlassMs() {
+    return median(this.samples);
+  }
+
+  onFrame(meta) {
+    const v = this.video;
+    if (!this.active() || !v.videoWidth) return;
+    const now = performance.now();
+    if (now - this.lastAt < (this.misses > 8 ? 4 * STAMP_SAMPLE_MS : STAMP_SAMPLE_MS)) return;
+    this.lastAt = now;
+    const cw = STAMP_COLUMNS * STAMP_SCALE, ch = STAMP_ROWS * STAMP_SCALE;
+    if (!this.ctx) {
+      const canvas = document.createElement("canvas");
+      canvas.width = cw;
+      canvas.height = ch;
+      this.ctx = canvas.getContext("2d", { willReadFrequently: true });
+    }
+    try {
+      this.ctx.drawImage(v, 0, 0, v.videoWidth, stampHeight(v.videoWidth), 0, 0, cw, ch);
+      const stamp = parseStamp(cellBits(this.ctx.getImageData(0, 0, cw, ch).data, STAMP_SCALE));
+      if (!stamp) { this.misses += 1; return; }
+      this.misses = 0;
+      const shownAt = performance.timeOrigin + (meta && meta.expectedDisplayTime ? meta.expectedDisplayTime : now);
+      const g2g = shownAt - stamp.tsMs;
+      if (g2g > -1000 && g2g < 60_000) { // clocks of different machines may disagree: keep plausible values only
+        this.samples.push(g2g);
+        if (this.samples.length > STAMP_WINDOW) this.samples.shift();
+      }
+    } catch { /* no decodable frame yet */ }
+  }
+}
