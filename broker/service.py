@@ -38,7 +38,7 @@ from broker.models import (
 )
 from broker.protocol import API_PREFIX, EndReason, HostState, NodeCommand, Role, SessionState
 from broker.settings import BrokerSettings
-from broker.store.live import LiveStore
+from broker.store.live import LiveStore, host_load
 from broker.validate import validate
 
 log = logging.getLogger(__name__)
@@ -139,19 +139,27 @@ class Broker:
         hosts = await self.live.get_hosts([host_id])
         if not hosts:
             raise NotFound(f"no host {host_id!r}", field="host")
-        host = hosts[0]
-        cfg = await self.live.get_pool(host["pool"]) if host["pool"] else None
-        if cfg is not None:
-            loads = {h.host_id: h for h in await self.live.host_loads(cfg)}
-            if host_id in loads:
-                host["seats_total"] = loads[host_id].seats
-                host["seats_used"] = loads[host_id].used
-                for g, gl in zip(host["gpus"], loads[host_id].gpus, strict=False):
-                    g["seats"] = gl.seats
-        return host
+        return (await self._with_seats(hosts))[0]
 
     async def list_hosts(self, pool: str | None = None) -> list[dict[str, Any]]:
-        return [await self.get_host(h["id"]) for h in await self.live.get_hosts(await self.live.host_ids(pool))]
+        return await self._with_seats(await self.live.get_hosts(await self.live.host_ids(pool)))
+
+    async def _with_seats(self, hosts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Host records plus seat counts under their pool's rules (each pool config read once)."""
+        configs: dict[str, PoolConfig | None] = {}
+        for host in hosts:
+            name = host["pool"]
+            if name and name not in configs:
+                configs[name] = await self.live.get_pool(name)
+            cfg = configs.get(name) if name else None
+            if cfg is None:
+                continue
+            load = host_load(host, cfg)
+            host["seats_total"] = load.seats
+            host["seats_used"] = load.used
+            for g, gl in zip(host["gpus"], load.gpus, strict=True):
+                g["seats"] = gl.seats
+        return hosts
 
     async def heartbeat(self, host_id: str, body: Any) -> dict[str, Any]:
         data = validate(body, HEARTBEAT_SCHEMA)
@@ -317,12 +325,13 @@ class Broker:
         """End sessions past their timeouts and hosts past their lease. Returns (id, reason) ended."""
         now = self.clock()
         ended: list[tuple[str, str]] = []
-        for host_id in await self.live.host_ids():
-            hosts = await self.live.get_hosts([host_id])
-            if not hosts:
-                await self.live.redis.srem(self.live.keys.hosts, host_id)
-                continue
-            h = hosts[0]
+        ids = await self.live.host_ids()
+        hosts = await self.live.get_hosts(ids)
+        gone = set(ids) - {h["id"] for h in hosts}
+        if gone:  # the record expired (down hosts are kept an hour): forget the id
+            await self.live.redis.srem(self.live.keys.hosts, *gone)
+        for h in hosts:
+            host_id = h["id"]
             if h["state"] != HostState.DOWN and not h["alive"]:
                 status, lost = await self.live.host_down(host_id, now)
                 if status == "down":

@@ -60,6 +60,18 @@ def decode_session(raw: dict[Any, Any], session_id: str) -> dict[str, Any] | Non
     return out
 
 
+def host_load(h: dict[str, Any], pool: PoolConfig) -> HostLoad:
+    """A host record (``LiveStore.get_hosts``) as a placement input under ``pool``'s seat rules.
+
+    A host whose lease has run out counts as down even before the reaper marks it.
+    """
+    state = h["state"] if h["alive"] or h["state"] == HostState.DOWN else HostState.DOWN.value
+    gpus = tuple(GpuLoad(g["index"], gpu_seats(g["vram_mb"], g.get("encoder_session_limit"), pool.max_sessions_per_gpu,
+                                               pool.vram_per_session_mb, pool.vram_headroom), g["used"])
+                 for g in h["gpus"])
+    return HostLoad(h["id"], state, gpus)
+
+
 @dataclass(frozen=True)
 class CreateResult:
     status: str  # seated | queued | existing
@@ -234,21 +246,14 @@ class LiveStore:
 
     async def host_loads(self, pool: PoolConfig) -> list[HostLoad]:
         """The pool's hosts as placement inputs (a down or lease-less host counts as down)."""
-        loads = []
-        for h in await self.get_hosts(await self.host_ids(pool.name)):
-            state = h["state"] if h["alive"] or h["state"] == HostState.DOWN else HostState.DOWN.value
-            gl = tuple(GpuLoad(g["index"], gpu_seats(g["vram_mb"], g.get("encoder_session_limit"),
-                                                     pool.max_sessions_per_gpu, pool.vram_per_session_mb,
-                                                     pool.vram_headroom), g["used"]) for g in h["gpus"])
-            loads.append(HostLoad(h["id"], state, gl))
-        return loads
+        return [host_load(h, pool) for h in await self.get_hosts(await self.host_ids(pool.name))]
 
     async def pool_summary(self, pool: PoolConfig) -> dict[str, Any]:
         """Live seats used/free/total, queue length and sessions by state for one pool."""
-        loads = await self.host_loads(pool)
+        hosts = await self.get_hosts(await self.host_ids(pool.name))
+        loads = [host_load(h, pool) for h in hosts]
         up = [h for h in loads if h.state == HostState.UP]
         by_state = {s.value: 0 for s in SessionState if s != SessionState.ENDED}
-        hosts = await self.get_hosts([h.host_id for h in loads])
         ids = [sid for h in hosts for sid in h["sessions"]]
         queue = await self.queue_ids(pool.name)
         for s in await self.get_sessions(ids + queue):
