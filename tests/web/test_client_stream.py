@@ -107,7 +107,8 @@ async def test_stream_type_reconnect_end(broker: Proc, http: aiohttp.ClientSessi
             assert marker.exists(), "the typed command did not run in the remote xterm"
             await page.keyboard.press("F8")
             await page.locator("#stats dl").wait_for()
-            await asyncio.sleep(1.1)  # one stats period so the overlay shows rates
+            # wait until a second stats sample turned byte counts into a rate
+            await page.wait_for_function("() => document.querySelector('#stats dl').textContent.includes('bit/s')")
             await screenshot(page, "client-stream.png", full_page=False)
         finally:
             marker.unlink(missing_ok=True)
