@@ -83,6 +83,14 @@ class Conflict(BrokerError):
     title = "Conflict"
 
 
+class HostRetired(BrokerError):
+    """An admin or the autoscaler removed this host: its node must stop, not register again."""
+
+    code = "host_retired"
+    status = 410
+    title = "Host retired"
+
+
 class QueueFull(BrokerError):
     code = "queue_full"
     status = 429

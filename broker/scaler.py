@@ -18,8 +18,9 @@ pool (`Scaler.evaluate_pool`):
 Safety rules enforced here, on top of the policy's own invariants:
   - StopHost: the provider is asked first whether it can remove exactly this host; then
     ``Broker.remove_host(force=False)`` re-checks atomically in Redis that the host has no
-    session (a session that raced in makes it refuse: logged as ``lost_race``, nothing stops);
-    only then is the provider told to stop it.
+    session (a session that raced in makes it refuse: logged as ``lost_race``, nothing stops)
+    and retires its id, so the node cannot register again before it is gone; only then is the
+    provider told to stop it.  StartHosts un-retires the ids the provider returns.
   - WarnSessions / EndSessions act only on a host that is still ``draining`` (an admin who
     undrained it in between wins); ending uses ``EndReason.SCALE_IN`` and happens only when the
     policy says the announced wait is over.
@@ -393,6 +394,8 @@ class Scaler:
         except Exception as exc:  # provider boundary (subprocess, Kubernetes API): logged, retried next pass
             log.exception("provider %s could not start %d host(s) for %s", self.provider.name, d.count, pool)
             return dataclasses.replace(base, outcome=Outcome.FAILED, info={"error": str(exc)})
+        # a provider may reuse the id of a host it stopped (a StatefulSet's ordinal): the new node is welcome
+        await self.live.unretire(list(ids))
         return dataclasses.replace(base, info={"hosts": list(ids)})
 
     async def _stop(self, pool: str, host_id: str, base: Applied) -> Applied:

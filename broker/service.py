@@ -25,7 +25,7 @@ from typing import Any
 
 from broker.auth import Principal, turn_credentials
 from broker.db.repository import Repository
-from broker.errors import Conflict, Forbidden, NotFound, QueueFull
+from broker.errors import Conflict, Forbidden, HostRetired, NotFound, QueueFull
 from broker.lifecycle import SessionClock, Timeouts, reap, warn_before_end
 from broker.models import (
     HEARTBEAT_SCHEMA,
@@ -38,6 +38,7 @@ from broker.models import (
 )
 from broker.protocol import API_PREFIX, EndReason, HostState, NodeCommand, Role, SessionState
 from broker.settings import BrokerSettings
+from broker.store.keys import RETIRED_HOST_TTL_S
 from broker.store.live import LiveStore, host_load
 from broker.validate import validate
 
@@ -127,6 +128,8 @@ class Broker:
         now = self.clock()
         status, _seated = await self.live.register_host(data["id"], data["pool"], data["address"], gpus, now,
                                                         self.settings.lease_ttl_ms, data["version"])
+        if status == "retired":
+            raise self._retired(data["id"])
         if status == "wrong_pool":
             raise Conflict(f"host {data['id']!r} has live sessions in another pool", field="pool")
         if status == "unknown_pool":
@@ -165,6 +168,8 @@ class Broker:
         data = validate(body, HEARTBEAT_SCHEMA)
         now = self.clock()
         status, assigned = await self.live.heartbeat(host_id, now, self.settings.lease_ttl_ms, data)
+        if status == "retired":
+            raise self._retired(host_id)
         if status == "unknown":
             raise NotFound(f"host {host_id!r} is not registered (or was declared down): register again",
                            field="host", extra={"reregister": True})
@@ -197,15 +202,30 @@ class Broker:
         await self.repo.audit(self.clock(), who.name, who.role, action, host_id)
         return await self.get_host(host_id)
 
+    @staticmethod
+    def _retired(host_id: str) -> HostRetired:
+        return HostRetired(f"host {host_id!r} was removed by an admin or the autoscaler; its node must stop "
+                           f"(the id is refused for up to {RETIRED_HOST_TTL_S} s)", field="host",
+                           extra={"retired": True})
+
     async def remove_host(self, who: Principal, host_id: str, force: bool) -> list[str]:
+        """Deregister a host (its sessions end only with ``force``); returns the ended session ids.
+
+        A removal by an admin or the autoscaler retires the id (``RETIRED_HOST_TTL_S``): the node,
+        still running until its provider stops it, is refused on its next heartbeat instead of
+        registering again and taking sessions.  A node deregistering itself (shutdown) is not
+        retired, so a restart under the same id registers at once.
+        """
         reason = EndReason.ADMIN if who.role == Role.ADMIN else EndReason.NODE_ENDED
-        status, ended = await self.live.remove_host(host_id, force, reason, self.clock())
+        status, ended = await self.live.remove_host(host_id, force, reason, self.clock(),
+                                                    retire=who.role == Role.ADMIN)
         if status == "not_found":
             raise NotFound(f"no host {host_id!r}", field="host")
         if status == "busy":
             raise Conflict(f"host {host_id!r} still has {ended[0]} live session(s); drain it or force=true",
                            field="force")
-        await self.repo.audit(self.clock(), who.name, who.role, "host.remove", host_id, {"ended": ended})
+        await self.repo.audit(self.clock(), who.name, who.role, "host.remove", host_id,
+                              {"ended": ended, "retired": who.role == Role.ADMIN})
         return ended
 
     # ---- sessions ------------------------------------------------------------------------

@@ -11,6 +11,10 @@ Talks to the broker only (REST + one WebSocket):
 Session state goes back with ``PUT /api/v1/hosts/{id}/sessions/{sid}/state``:
 ``running`` when the runtime is ready and whenever a viewer connects,
 ``disconnected`` when the viewer goes away, ``ended`` when the app exits.
+A host the broker forgot (404 with ``reregister``) registers again; a host an
+admin or the autoscaler removed (410 ``host_retired``, on register or
+heartbeat) stops: the agent ends its sessions and ``run()`` returns, so a
+scaled-in node never comes back under its id before its provider stops it.
 
 Concurrency: one asyncio loop; one task per concurrent job (heartbeat loop,
 command socket loop, one start task per session).  Every session runtime is
@@ -39,6 +43,10 @@ log = logging.getLogger(__name__)
 RETRY_MAX_S = 5.0  # backoff cap for broker reconnects
 
 
+class Retired(Exception):
+    """The broker retired this host id (HTTP 410): stop, never register again under it."""
+
+
 class NodeAgent:
     def __init__(self, settings: NodeSettings) -> None:
         self.s = settings
@@ -49,6 +57,7 @@ class NodeAgent:
         self._http: aiohttp.ClientSession | None = None
         self._stop = asyncio.Event()
         self.registered = asyncio.Event()
+        self.retired = False  # set when the broker refused this host id for good
         self.runtime_config = RuntimeConfig(
             advertise_addresses=tuple(settings.advertise_addresses),
             encoder_preference=settings.encoder,
@@ -85,9 +94,10 @@ class NodeAgent:
                 for t in tasks:
                     with contextlib.suppress(asyncio.CancelledError):
                         await t
-                await self.stop_all("node shutting down")
-                with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-                    await http.delete(self._url(f"/hosts/{self.host_id}"), params={"force": "true"})
+                await self.stop_all("host retired by the broker" if self.retired else "node shutting down")
+                if not self.retired:  # a retired host is already deregistered
+                    with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                        await http.delete(self._url(f"/hosts/{self.host_id}"), params={"force": "true"})
             self._http = None
 
     def stop(self) -> None:
@@ -109,6 +119,8 @@ class NodeAgent:
             "version": "render-node/0.1",
         }
         async with self.http.post(self._url("/hosts"), json=body) as r:
+            if r.status == 410:
+                raise Retired(await r.text())
             if r.status != 201:
                 raise RuntimeError(f"register failed: {r.status} {await r.text()}")
         self.registered.set()
@@ -125,6 +137,11 @@ class NodeAgent:
                 await asyncio.sleep(self.s.heartbeat_interval_s)
             except asyncio.CancelledError:
                 raise
+            except Retired as exc:
+                log.warning("broker retired host %s; stopping: %s", self.host_id, exc)
+                self.retired = True
+                self.stop()
+                return
             except Exception as exc:  # task boundary: broker away or refusing; retry with backoff
                 log.warning("heartbeat/register failed: %s (retry in %.1f s)", exc, backoff)
                 await asyncio.sleep(backoff)
@@ -158,6 +175,8 @@ class NodeAgent:
         body = {"gpus": await asyncio.to_thread(telemetry, [g.index for g in self.gpus]), "sessions": sessions}
         async with self.http.put(self._url(f"/hosts/{self.host_id}/heartbeat"), json=body) as r:
             data = await r.json()
+            if r.status == 410 and data.get("retired"):
+                raise Retired(str(data.get("detail", "host retired")))
             if r.status == 404 and data.get("reregister"):
                 self.registered.clear()
                 raise RuntimeError("broker forgot this host; registering again")

@@ -14,6 +14,9 @@ Key map (``P`` is the prefix, default ``rb``)::
     P:host:{id}                 hash   pool, address, state, gpus (JSON), u:{gpu} used seats, telemetry
     P:host:{id}:lease           string heartbeat lease, TTL = host_lease_ttl_s
     P:host:{id}:sessions        set    session ids seated on the host
+    P:host:{id}:retired         string marker: an admin or the autoscaler removed the host; its id may
+                                       not register (or heartbeat) again until the TTL,
+                                       RETIRED_HOST_TTL_S, runs out (or a provider starts that id anew)
     P:session:{id}              hash   session record; TTL ENDED_SESSION_TTL_S once ended
     P:user:{user}:pool:{pool}   set    the user's live session ids in a pool
     P:live                      set    every live (not ended) session id
@@ -38,6 +41,9 @@ DEFAULT_HOST_LEASE_TTL_S: Final = 15  # three missed 5 s heartbeats
 OUTBOX_STALE_MS: Final = 30_000  # a record in processing this long was orphaned by a dead replica
 AUTOSCALE_STATE_TTL_S: Final = 7 * 86_400  # an autoscaler record no replica has rewritten for a week is dropped
 AUTOSCALE_LOCK_MIN_TTL_S: Final = 10  # the per-pool leader lock lives max(this, 2 intervals)
+# A removed host stays refused this long: well past a provider's stop (SIGTERM, a pod's 30 s grace
+# period) and a node's heartbeat retries, short enough that an id removed by mistake comes back soon.
+RETIRED_HOST_TTL_S: Final = 300
 
 
 class Keys:
@@ -68,6 +74,9 @@ class Keys:
 
     def host_sessions(self, host_id: str) -> str:
         return f"{self.prefix}:host:{host_id}:sessions"
+
+    def host_retired(self, host_id: str) -> str:
+        return f"{self.prefix}:host:{host_id}:retired"
 
     def session(self, session_id: str) -> str:
         return f"{self.prefix}:session:{session_id}"

@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from broker.models import Gpu, PoolConfig
 from broker.placement import GpuLoad, HostLoad, gpu_seats
 from broker.protocol import HostState, SessionState
-from broker.store.keys import DOWN_HOST_TTL_S, Keys
+from broker.store.keys import DOWN_HOST_TTL_S, RETIRED_HOST_TTL_S, Keys
 
 SCRIPT_NAMES = (
     "create_session", "end_session", "session_state", "touch_session", "register_host", "heartbeat",
@@ -205,9 +205,17 @@ class LiveStore:
         res = await self._run("host_state", host_id, state.value, now_ms)
         return _s(res[0]), [_s(x) for x in res[1:]]
 
-    async def remove_host(self, host_id: str, force: bool, reason: str, now_ms: int) -> tuple[str, list[str]]:
-        res = await self._run("remove_host", host_id, "1" if force else "0", reason, now_ms)
+    async def remove_host(self, host_id: str, force: bool, reason: str, now_ms: int,
+                          retire: bool = False) -> tuple[str, list[str]]:
+        """Deregister a host; with ``retire`` its id is refused for ``RETIRED_HOST_TTL_S`` (status ``retired``)."""
+        res = await self._run("remove_host", host_id, "1" if force else "0", reason, now_ms,
+                              RETIRED_HOST_TTL_S if retire else 0)
         return _s(res[0]), [_s(x) for x in res[1:]]
+
+    async def unretire(self, host_ids: list[str]) -> None:
+        """Accept these ids again (a provider starts new hosts under them, e.g. a StatefulSet ordinal)."""
+        if host_ids:
+            await self.redis.delete(*(self.keys.host_retired(h) for h in host_ids))
 
     async def host_ids(self, pool: str | None = None) -> list[str]:
         key = self.keys.pool_hosts(pool) if pool else self.keys.hosts

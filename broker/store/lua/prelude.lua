@@ -11,6 +11,7 @@ local function k_hosts() return P .. ':hosts' end
 local function k_host(h) return P .. ':host:' .. h end
 local function k_lease(h) return P .. ':host:' .. h .. ':lease' end
 local function k_host_sessions(h) return P .. ':host:' .. h .. ':sessions' end
+local function k_retired(h) return P .. ':host:' .. h .. ':retired' end
 local function k_session(s) return P .. ':session:' .. s end
 local function k_user(u, pool) return P .. ':user:' .. u .. ':pool:' .. pool end
 local function k_live() return P .. ':live' end

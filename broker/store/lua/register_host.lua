@@ -1,6 +1,9 @@
 -- ARGV: prefix, host_id, pool, address, gpus_json, now_ms, lease_ttl_ms, version
--- Returns {status, seated ids...}; status registered | wrong_pool | unknown_pool.
+-- Returns {status, seated ids...}; status registered | retired | wrong_pool | unknown_pool.
+-- retired: remove_host retired this id (an admin or the autoscaler removed it) and the marker
+-- has not expired; the node must not come back under this id.
 local h, pool, address, gpus, now, ttl, version = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+if redis.call('EXISTS', k_retired(h)) == 1 then return {'retired'} end
 if pool_cfg(pool) == nil then return {'unknown_pool'} end
 local key = k_host(h)
 local old = redis.call('HMGET', key, 'pool', 'state')

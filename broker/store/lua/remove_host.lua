@@ -1,7 +1,9 @@
--- Deregister a host. ARGV: prefix, host_id, force (0|1), reason, now_ms
--- Without force a host with live sessions is not removed.  Returns {status, ended ids...};
--- status removed | busy | not_found.
-local h, force, reason, now = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+-- Deregister a host. ARGV: prefix, host_id, force (0|1), reason, now_ms, retire_ttl_s
+-- Without force a host with live sessions is not removed.  With retire_ttl_s > 0 the id is
+-- retired: register_host and heartbeat refuse it until the marker expires, so a node that is
+-- still running (its provider has not stopped it yet) cannot bring the host back on its next
+-- heartbeat.  Returns {status, ended ids...}; status removed | busy | not_found.
+local h, force, reason, now, retire_ttl = ARGV[2], ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
 local key = k_host(h)
 local pool = redis.call('HGET', key, 'pool')
 if pool == false then return {'not_found'} end
@@ -12,4 +14,5 @@ for _, sid in ipairs(sessions) do end_session(sid, reason, now); table.insert(ou
 redis.call('DEL', key, k_lease(h), k_host_sessions(h))
 redis.call('SREM', k_pool_hosts(pool), h)
 redis.call('SREM', k_hosts(), h)
+if retire_ttl ~= nil and retire_ttl > 0 then redis.call('SET', k_retired(h), now, 'EX', retire_ttl) end
 return out
