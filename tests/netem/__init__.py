@@ -1,0 +1,1 @@
+"""Network-emulation harness: node and viewer namespaces joined through a router namespace."""
