@@ -71,7 +71,9 @@ RTT_RISE_FRACTION = 0.25
 DELAY_OVERUSE_SAMPLES = 2  # consecutive high samples before a delay backoff
 DELAY_BACKOFF_PERCENT = 85  # GCC: cut to 85 % of the rate the path carried
 # A send rate under half the target means the encoder is application-limited (a static
-# desktop): it says nothing about the path, so the delay backoff starts from the target.
+# desktop): it says nothing about the path, so the delay backoff starts from the target,
+# and the decision says so (`BitrateSignals.app_limited`) so the quality ladder does not
+# step down on a target that a REMB computed from our own low traffic pulled down.
 APP_LIMITED_PERCENT = 50
 
 # --- hold after a cut -------------------------------------------------------------------
@@ -166,6 +168,10 @@ class BitrateSignals:
     rtt_baseline_ms: float | None
     delay_high_samples: int
     capacity_bps: int | None
+    # The fresh send rate was under APP_LIMITED_PERCENT of the target in force while it was
+    # measured: the encoder does not use the bits it has (simple content), so a low REMB
+    # reflects our low traffic rather than the path.
+    app_limited: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +339,11 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
         rtt_baseline_ms=rtt_minima[0][1] if rtt_minima else None,
         delay_high_samples=delay_high_samples,
         capacity_bps=capacity,
+        app_limited=(
+            state.started
+            and feedback.send_rate_bps is not None
+            and feedback.send_rate_bps * 100 < state.target_bps * APP_LIMITED_PERCENT
+        ),
     )
     return BitrateDecision(
         target_bps=candidate,

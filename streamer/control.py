@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from encoder.backends import AIORTC_VIDEO_CODECS, BACKENDS, Backend, ProbeResult
 from encoder.select import Selection, select_backend
@@ -66,6 +66,37 @@ class ControlStep:
     bitrate: BitrateDecision
     ladder: LadderDecision
 
+    def record(self, now_ms: int) -> dict[str, Any]:
+        """A JSON-ready telemetry record of this step: target, reasons, rung and the signals used.
+
+        Units: ``*_bps`` bits per second, ``*_ms`` milliseconds, ``loss`` the reported
+        fraction lost (0..1), ``now_ms`` the caller's clock.
+        """
+        b, s, rung = self.bitrate, self.bitrate.signals, self.ladder.rung
+        return {
+            "now_ms": now_ms,
+            "target_bps": b.target_bps,
+            "changed": b.changed,
+            "reason": b.reason.value,
+            "ladder_reason": self.ladder.reason.value,
+            "rung": f"{rung.width}x{rung.height}@{rung.fps}",
+            "rung_changed": self.ladder.changed,
+            "remb_bps": s.remb_bps,
+            "send_rate_bps": s.send_rate_bps,
+            "rtt_ms": _round(s.rtt_ms),
+            "rtt_baseline_ms": _round(s.rtt_baseline_ms),
+            "jitter_ms": _round(s.jitter_ms),
+            "jitter_baseline_ms": _round(s.jitter_baseline_ms),
+            "loss": round(s.loss_ratio, 4),
+            "lost_packets_delta": s.lost_packets_delta,
+            "capacity_bps": s.capacity_bps,
+            "app_limited": s.app_limited,
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return round(value, 2) if value is not None else None
+
 
 class StreamController:
     """Bitrate controller + quality ladder for one viewer: holds their states between decisions."""
@@ -83,7 +114,9 @@ class StreamController:
     def update(self, feedback: Feedback, now_ms: int) -> ControlStep:
         """Fold one period's feedback in (``now_ms``: a monotonic clock, milliseconds)."""
         bitrate = bitrate_policy.decide(self._bitrate, feedback, now_ms)
-        ladder = ladder_policy.decide(self._ladder, bitrate.target_bps, now_ms)
+        ladder = ladder_policy.decide(
+            self._ladder, bitrate.target_bps, now_ms, app_limited=bitrate.signals.app_limited
+        )
         self._bitrate, self._ladder = bitrate.state, ladder.state
         self.last = ControlStep(bitrate, ladder)
         return self.last

@@ -20,8 +20,15 @@ Step-down orders: "keep_resolution" (desktops: text must stay sharp, drop fps
 Concurrency model: none. `decide(state, target_bps, now_ms)` is a pure function: no
 clock, no I/O, no asyncio; states and decisions are frozen values.
 
+Application-limited streams: when the caller says the encoder is application-limited
+(it sends far less than its target: a mostly idle desktop), a target below the floor is
+not a reason to step down -- the content needs fewer bits than the floor, and the low
+target usually comes from a REMB that followed our own low traffic, not from the path.
+Such a sample holds the rung (reason "app_limited") and restarts the step-down timer.
+
 Invariants:
   - Rung floors strictly decrease down the ladder.
+  - No step down on an application-limited sample.
   - No flapping: after a step up the target was >= margin * floor of the new rung, so
     stepping back down needs a drop below that floor (a >23 % fall at 130 %), sustained.
   - Any sample that breaks a condition restarts its sustain timer; a change restarts both.
@@ -60,6 +67,7 @@ class LadderReason(StrEnum):
     STEP_UP_PENDING = "step_up_pending"  # above margin * next floor, not for long enough
     STEP_UP = "step_up"
     LOWEST_RUNG = "lowest_rung"  # below the floor but there is nothing lower
+    APP_LIMITED = "app_limited"  # below the floor, but the encoder does not use its target: hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +180,12 @@ def initial_state(ladder: Ladder, target_bps: int | None = None) -> LadderState:
     return LadderState(ladder=ladder, index=index)
 
 
-def decide(state: LadderState, target_bps: int, now_ms: int) -> LadderDecision:
-    """Fold the controller's latest target into the ladder state and pick the rung."""
+def decide(state: LadderState, target_bps: int, now_ms: int, *, app_limited: bool = False) -> LadderDecision:
+    """Fold the controller's latest target into the ladder state and pick the rung.
+
+    ``app_limited``: the encoder sent far less than its target in the last period
+    (``streamer.bitrate.BitrateSignals.app_limited``); a target below the floor then holds.
+    """
     if state.last_update_ms is not None and now_ms < state.last_update_ms:
         raise ValueError(f"now_ms {now_ms} is before the previous update {state.last_update_ms}")
     ladder = state.ladder
@@ -183,6 +195,8 @@ def decide(state: LadderState, target_bps: int, now_ms: int) -> LadderDecision:
     if target_bps < ladder.rungs[index].floor_bps:
         if index == lowest:
             return _decision(state, index, LadderReason.LOWEST_RUNG, None, None, now_ms)
+        if app_limited:
+            return _decision(state, index, LadderReason.APP_LIMITED, None, None, now_ms)
         since = state.below_since_ms if state.below_since_ms is not None else now_ms
         if now_ms - since >= ladder.step_down_after_ms:
             new_index = max(index + 1, _best_index_for(ladder, target_bps))

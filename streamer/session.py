@@ -12,7 +12,10 @@ While a viewer is attached, a control loop reads its RTCP feedback every
 ``stats_interval_ms`` and applies ``streamer.control.StreamController``'s
 decisions: a new target bitrate -> ``VideoEncoder.set_bitrate`` (live), a new
 ladder rung -> a new encoder at that size/fps (one keyframe), installed by the
-frame thread between frames.  ``stop()`` tears everything down.
+frame thread between frames.  Every control step is kept as telemetry
+(``stats()["decisions"]``: the newest ``DECISION_LOG_SIZE`` records of target,
+reasons, rung and signals; ``stats()["decision_counts"]``: steps per reason).
+``stop()`` tears everything down.
 
 Events (``on_event(name, info)``, delivered in order from one task):
 - ``"connected"``: a viewer's connection reached ``connected``;
@@ -44,6 +47,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
@@ -78,6 +82,7 @@ MAX_WIDTH_PX: Final = 7680
 MAX_HEIGHT_PX: Final = 4320
 MIN_SIZE_PX: Final = 64
 EVENT_DRAIN_TIMEOUT_S: Final = 10.0  # stop() waits this long for queued events to be delivered
+DECISION_LOG_SIZE: Final = 50  # control steps kept in stats()["decisions"] (10 s at 200 ms)
 
 EventCallback = Callable[[str, dict[str, Any]], Awaitable[None]]
 
@@ -154,10 +159,19 @@ def feedback_from_remote(remote: RemoteFeedback, send_rate_bps: int | None) -> F
 class SessionRuntime:
     """One session on this node (see the module docstring)."""
 
-    def __init__(self, spec: SessionSpec, config: RuntimeConfig, *, on_event: EventCallback | None = None) -> None:
+    def __init__(
+        self,
+        spec: SessionSpec,
+        config: RuntimeConfig,
+        *,
+        on_event: EventCallback | None = None,
+        game_factory: Callable[[int, int], Game] = Game,
+    ) -> None:
+        """``game_factory(width, height)`` makes the built-in game renderer (benchmarks pass a busier scene)."""
         self.spec = spec
         self.config = config
         self._on_event = on_event
+        self._game_factory = game_factory
         self._state = "new"  # new -> starting -> running -> stopping -> stopped
         self._running = asyncio.Event()
         kind_game = spec.kind == PoolKind.GAME.value
@@ -190,6 +204,10 @@ class SessionRuntime:
         self._remote: dict[str, Any] = {"rtt_ms": None, "jitter_ms": None, "loss": None, "remb_bps": None}
         self._send_rate_bps: int | None = None
         self._keyframe_requests = 0
+        # Telemetry of every control step (all viewers of the session): the newest records and
+        # a count per bitrate reason since the session started.
+        self._decisions: deque[dict[str, Any]] = deque(maxlen=DECISION_LOG_SIZE)
+        self._decision_counts: Counter[str] = Counter()
         self._start_task: asyncio.Task[Any] | None = None
         self._stop_task: asyncio.Task[None] | None = None
 
@@ -299,6 +317,9 @@ class SessionRuntime:
             "bitrate_reason": step.bitrate.reason.value if step else None,
             "ladder_reason": step.ladder.reason.value if step else None,
             "encoder_reasons": list(self._selection_reasons),
+            # newest control steps, oldest first: ControlStep.record() (target, reasons, rung, signals)
+            "decisions": list(self._decisions),
+            "decision_counts": dict(self._decision_counts),  # control steps per bitrate reason
             **self._remote,  # rtt_ms, jitter_ms, loss (0..1), remb_bps
         }
         if pipeline is not None:
@@ -346,7 +367,7 @@ class SessionRuntime:
         spec = self.spec
         rtc_configuration(spec.ice_servers)  # a malformed ICE server fails the start, not a viewer's offer
         if spec.kind == PoolKind.GAME.value and not spec.game_command:
-            game = GameSource(Game(spec.width, spec.height), wall_clock_ms)
+            game = GameSource(self._game_factory(spec.width, spec.height), wall_clock_ms)
             self._source, self._sink = game, game
         else:
             app = spec.app_command if spec.kind == PoolKind.DESKTOP.value else spec.game_command
@@ -563,7 +584,10 @@ class SessionRuntime:
                 now = time.monotonic()
                 send_rate = round((remote.bytes_sent - last_bytes) * 8 / (now - last_t)) if now > last_t else None
                 last_bytes, last_t = remote.bytes_sent, now
-                step = controller.update(feedback_from_remote(remote, send_rate), int(now * 1000))
+                now_ms = int(now * 1000)
+                step = controller.update(feedback_from_remote(remote, send_rate), now_ms)
+                self._decisions.append(step.record(now_ms))
+                self._decision_counts[step.bitrate.reason.value] += 1
                 self._note_feedback(remote, send_rate)
                 await self._apply(step)
                 tick += 1

@@ -382,3 +382,22 @@ def test_time_must_not_go_backwards() -> None:
 def test_jitter_conversion() -> None:
     assert jitter_ms_from_rtp(900) == 10.0
     assert jitter_ms_from_rtp(480, clock_rate_hz=48_000) == 10.0
+
+
+# --- application-limited sender -----------------------------------------------------------
+
+
+def test_send_rate_far_below_the_target_marks_the_decision_app_limited() -> None:
+    # Judged against the target in force while the send rate was measured (1_000_000 here).
+    decisions = run(
+        [
+            (0, Feedback(send_rate_bps=10_000)),  # first decision: nothing was in force yet
+            (200, Feedback(send_rate_bps=499_999)),  # < 50 % of 1 Mbps
+            (400, Feedback(send_rate_bps=510_000)),  # >= 50 % of the ramped 1_015_511: not limited
+            (600, Feedback()),  # no fresh send rate: no judgement
+            (800, Feedback(send_rate_bps=100_000, remb_bps=200_000)),
+        ]
+    )
+    assert [d.signals.app_limited for d in decisions] == [False, True, False, False, True]
+    # The flag only describes; the target follows the same rules as before (REMB cap here).
+    assert (decisions[-1].target_bps, decisions[-1].reason) == (170_000, "remb_cap")

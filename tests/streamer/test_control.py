@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from encoder import NoEncoderError, ProbeResult
-from streamer.bitrate import GAME_PROFILE, BitrateReason, Feedback
+from streamer.bitrate import DESKTOP_PROFILE, GAME_PROFILE, BitrateReason, Feedback
 from streamer.control import SENDABLE_BACKENDS, StreamController, choose_backend
-from streamer.ladder import LadderReason, game_ladder
+from streamer.ladder import LadderReason, desktop_ladder, game_ladder
 
 
 def probes(*ok: str) -> tuple[ProbeResult, ...]:
@@ -69,3 +69,60 @@ def test_controller_starts_at_the_profile_start_and_steps_the_ladder_down() -> N
     assert changed.count(True) == 1
     assert controller.rung.height < 720
     assert controller.last is step and step.ladder.reason in (LadderReason.HOLD, LadderReason.LOWEST_RUNG)
+
+
+def test_idle_desktop_with_a_remb_that_follows_its_traffic_keeps_its_fps() -> None:
+    """aiortc's REMB estimator starts at the incoming rate and stays under 1.5x it + 10 kbps.
+
+    An idle desktop sending 50 kbps therefore gets an 85 kbps REMB: the target sits at the
+    profile minimum, far below the floors of 1080p60 and 1080p30 (where the 2 Mbps start
+    rate put it).  That says nothing about the path, so the ladder keeps 30 fps; once the
+    content gets busy (the encoder uses its target) the same low REMB steps it down.
+    """
+    ladder = desktop_ladder(1920, 1080, 60)
+    controller = StreamController(DESKTOP_PROFILE, ladder)
+    controller.update(Feedback(), 0)
+    assert controller.rung.fps == 30
+    now = 0
+    idle = []
+    for _ in range(50):  # 10 s
+        now += 200
+        idle.append(controller.update(Feedback(remb_bps=85_000, send_rate_bps=50_000), now))
+    assert {(s.bitrate.target_bps, s.bitrate.reason) for s in idle[1:]} == {(300_000, BitrateReason.MIN_CLAMP)}
+    assert {s.ladder.reason for s in idle[1:]} == {LadderReason.APP_LIMITED}
+    assert controller.rung.fps == 30
+    busy = []
+    for _ in range(6):  # the encoder now sends 80 % of its 300 kbps target
+        now += 200
+        busy.append(controller.update(Feedback(remb_bps=85_000, send_rate_bps=240_000), now))
+    assert [s.ladder.changed for s in busy] == [False] * 5 + [True]
+    assert controller.rung.fps == 15
+
+
+def test_control_step_record_carries_target_reasons_rung_and_signals() -> None:
+    controller = StreamController(GAME_PROFILE, game_ladder(1280, 720, 60))
+    controller.update(Feedback(), 0)
+    step = controller.update(
+        Feedback(remb_bps=4_000_000, fraction_lost=64, cumulative_lost=3, jitter_ms=2.345, rtt_ms=41.0,
+                 send_rate_bps=3_000_000),
+        200,
+    )  # fmt: skip
+    assert step.record(200) == {
+        "now_ms": 200,
+        "target_bps": 3_400_000,
+        "changed": True,
+        "reason": "remb_cap",
+        "ladder_reason": "hold",
+        "rung": "1280x720@60",
+        "rung_changed": False,
+        "remb_bps": 4_000_000,
+        "send_rate_bps": 3_000_000,
+        "rtt_ms": 41.0,
+        "rtt_baseline_ms": 41.0,
+        "jitter_ms": 2.35,
+        "jitter_baseline_ms": 2.35,
+        "loss": 0.25,
+        "lost_packets_delta": None,
+        "capacity_bps": 5_000_000,  # the 25 % loss cut remembers where congestion was seen
+        "app_limited": False,
+    }

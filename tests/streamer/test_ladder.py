@@ -218,3 +218,41 @@ def test_time_must_not_go_backwards() -> None:
     state = run(at(GAME, 0), [(1_000, 7_000_000)])[0].state
     with pytest.raises(ValueError):
         decide(state, 7_000_000, 999)
+
+
+# --- application-limited encoder ------------------------------------------------------------
+
+
+def run_flags(state: LadderState, steps: list[tuple[int, int, bool]]) -> list[LadderDecision]:
+    """Feed (now_ms, target_bps, app_limited) steps in order; return every decision."""
+    decisions = []
+    for now_ms, target_bps, app_limited in steps:
+        decision = decide(state, target_bps, now_ms, app_limited=app_limited)
+        decisions.append(decision)
+        state = decision.state
+    return decisions
+
+
+def test_app_limited_target_below_the_floor_holds_the_rung() -> None:
+    # An idle desktop: the REMB followed its tiny traffic, the target sits at the profile minimum.
+    decisions = run_flags(initial_state(DESKTOP), [(t, 300_000, True) for t in range(0, 10_001, 200)])
+    assert {(d.reason, d.changed, d.rung.fps) for d in decisions} == {("app_limited", False, 60)}
+    # The same targets from an encoder that uses its bits do step down (one jump to 15 fps).
+    busy = run_flags(initial_state(DESKTOP), [(t, 300_000, False) for t in range(0, 1_001, 200)])
+    assert [d.rung.fps for d in busy] == [60] * 5 + [15]
+
+
+def test_app_limited_sample_restarts_the_step_down_timer() -> None:
+    steps = [(0, 2_000_000, False), (800, 2_000_000, True), (1_000, 2_000_000, False), (1_999, 2_000_000, False)]
+    steps.append((2_000, 2_000_000, False))
+    decisions = run_flags(initial_state(DESKTOP), steps)
+    assert [d.reason for d in decisions] == [
+        "step_down_pending", "app_limited", "step_down_pending", "step_down_pending", "step_down",
+    ]  # fmt: skip
+    assert [d.rung.fps for d in decisions] == [60, 60, 60, 60, 30]
+
+
+def test_app_limited_never_blocks_a_step_up() -> None:
+    steps = [(t, UP_TO_1080P, True) for t in range(0, 3_001, 500)]
+    decisions = run_flags(at(GAME, 1), steps)
+    assert decisions[-1].reason == "step_up" and decisions[-1].rung.height == 1080

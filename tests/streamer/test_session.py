@@ -21,9 +21,9 @@ import pytest
 from streamer.bitrate import GAME_PROFILE, BitrateProfile, Feedback
 from streamer.control import StreamController
 from streamer.display import DisplayError
-from streamer.game import find_player, read_stamp
+from streamer.game import Game, find_player, read_stamp
 from streamer.ladder import game_ladder
-from streamer.session import RuntimeConfig, SessionRuntime, SessionSpec
+from streamer.session import DECISION_LOG_SIZE, RuntimeConfig, SessionRuntime, SessionSpec
 from tests.streamer.viewer import Viewer, until
 
 pytestmark = pytest.mark.timeout(60)
@@ -132,6 +132,37 @@ async def test_feedback_reaches_the_controller_and_stats(game: tuple[SessionRunt
     assert stats["fps"] > 0
     message = await viewer.wait_message(lambda m: m.get("t") == "stats", "stats event")
     assert {"fps", "bitrate_bps", "target_bps", "rtt_ms", "encoder"} <= set(message)
+
+
+async def test_every_control_step_is_kept_as_telemetry_in_stats(viewer: Viewer) -> None:
+    rendered: list[tuple[int, int]] = []
+
+    def make_game(width: int, height: int) -> Game:
+        rendered.append((width, height))
+        return Game(width, height)
+
+    spec = SessionSpec(id="game-tele", kind="game", width=320, height=240, fps=30)
+    runtime = SessionRuntime(spec, CONFIG, game_factory=make_game)
+    await runtime.start()
+    try:
+        assert rendered == [(320, 240)]  # the factory made the session's game
+        await viewer.connect(runtime.handle_signal)
+        await until(lambda: len(runtime.stats()["decisions"]) >= 3, "no decisions recorded")
+        await until(lambda: any(d["rtt_ms"] is not None for d in runtime.stats()["decisions"]), "no RTT in decisions")
+        stats = runtime.stats()
+        decisions = stats["decisions"]
+        assert decisions[0]["reason"] == "start" and decisions[0]["rung"] == "320x240@30"
+        times = [d["now_ms"] for d in decisions]
+        assert times == sorted(times) and len(set(times)) == len(times)
+        assert decisions[-1]["target_bps"] == stats["target_bps"] and decisions[-1]["reason"] == stats["bitrate_reason"]
+        assert {"remb_bps", "send_rate_bps", "jitter_ms", "loss", "app_limited", "ladder_reason"} <= set(decisions[-1])
+        assert sum(stats["decision_counts"].values()) >= len(decisions) and stats["decision_counts"]["start"] == 1
+        await until(lambda: sum(runtime.stats()["decision_counts"].values()) > DECISION_LOG_SIZE,
+                    "fewer steps than the log size", deadline_s=30)  # fmt: skip
+        assert len(runtime.stats()["decisions"]) == DECISION_LOG_SIZE  # bounded: the oldest went
+        assert runtime.stats()["decisions"][0]["reason"] != "start"
+    finally:
+        await runtime.stop()
 
 
 async def test_pli_from_the_viewer_yields_a_keyframe(game: tuple[SessionRuntime, Events], viewer: Viewer) -> None:
