@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # measure this che
 
 import numpy as np
 
+from bench.common import machine_busy_cpu_s, print_table
 from encoder.backends import Backend, backend_by_name
 from encoder.pattern import moving_pattern
 from encoder.probe import probe_all
@@ -166,25 +167,9 @@ def bench_live_changes(backend: Backend, frames_per_step: int) -> list[tuple[int
     return rows
 
 
-def _cpu_seconds() -> tuple[float, float] | None:
-    """(busy CPU seconds of the whole machine, CPU seconds of this process), Linux only."""
-    try:
-        with open("/proc/stat") as stat:
-            fields = [int(v) for v in stat.readline().split()[1:]]
-    except OSError:
-        return None
-    idle = fields[3] + fields[4]  # idle + iowait
-    busy = (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+def _own_cpu_s() -> float:
     own = os.times()
-    return busy, own.user + own.system
-
-
-def _print_table(header: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
-    print("  ".join("-" * w for w in widths))
-    for row in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
+    return own.user + own.system
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1: errors only on stderr
     frames = 60 if args.quick else 240
 
-    cpu_before = _cpu_seconds()
+    cpu_before, own_before = machine_busy_cpu_s(), _own_cpu_s()
     wall_before = time.perf_counter()
     probes = probe_all()
     available = [backend_by_name(p.name) for p in probes if p.ok]
@@ -219,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             row = bench_speed(backend, width, height, fps, threads, frames, detail, fast)
             speed_rows.append(row)
             print(f"  .. {backend.name} {row.size} {row.content} threads={threads} {row.convert}", file=sys.stderr)
-    _print_table(
+    print_table(
         [
             "backend",
             "content",
@@ -280,20 +265,20 @@ def main(argv: list[str] | None = None) -> int:
                         "ok" if key_vs_cap <= 1.0 else "OVER",
                     ]
                 )
-    _print_table(["backend", "content", "target Mbps", "out/target", "max key/cap", "max P/frame", "cap"], rate_rows)
+    print_table(["backend", "content", "target Mbps", "out/target", "max key/cap", "max P/frame", "cap"], rate_rows)
 
     x264 = next((b for b in available if b.name == "libx264"), None)
     if x264 is not None:
         print("\n   libx264 live changes on one open encoder (1280x720@30)")
         rows = bench_live_changes(x264, frames_per_step=max(60, frames // 3))
-        _print_table(
+        print_table(
             ["target Mbps", "out/target", "keyframes"],
             [[f"{t / 1e6:g}", f"{acc:.2f}", str(k)] for t, acc, k in rows],
         )
-    cpu_after = _cpu_seconds()
+    cpu_after, own_after = machine_busy_cpu_s(), _own_cpu_s()
     if cpu_before is not None and cpu_after is not None:
         wall = time.perf_counter() - wall_before
-        others = (cpu_after[0] - cpu_before[0]) - (cpu_after[1] - cpu_before[1])
+        others = (cpu_after - cpu_before) - (own_after - own_before)
         share = max(0.0, others) / (wall * (os.cpu_count() or 1))
         print(
             f"\nother processes used {share:.0%} of this machine's CPU during the {wall:.0f} s run "

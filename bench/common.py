@@ -1,0 +1,29 @@
+"""Helpers the benchmark scripts share: machine CPU readings and plain-text tables.
+
+The scripts run as files (``python bench/bench_x.py``) and put the checkout's root first on
+``sys.path``, so they import this as ``bench.common`` (a namespace package).
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def machine_busy_cpu_s() -> float | None:
+    """Busy CPU seconds of the whole machine since boot (all cores; idle and iowait excluded), Linux only."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+    except OSError:
+        return None
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def print_table(header: list[str], rows: list[list[str]]) -> None:
+    """Right-aligned columns, a dashed rule under the header."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
