@@ -1,0 +1,619 @@
+"""Adaptive-bitrate benchmark: three senders side by side on an emulated network (issue #6).
+
+Run: ``sudo .venv/bin/python bench/bench_abr.py`` as root (``--quick`` shortens every phase
+to a third; ``--scenarios a c`` and ``--senders ours stock`` narrow a run; ``--no-lab`` runs
+on 127.0.0.1 without shaping; ``--json FILE`` keeps the raw per-run data).  The full run
+takes about 5 minutes (3 scenarios x 3 senders, one after the other, each with a fresh Lab).
+
+Network: each run gets a fresh ``tests.netem.lab.Lab`` (node and viewer namespaces joined
+through a router namespace: htb rate with a 100 ms drop-tail queue, nftables random loss,
+a user-space NFQUEUE delay/jitter emulator), conditions changed live at scripted times.
+Where no Lab can be made (``unavailable_reason()``: not root, no namespaces...) the reason is
+printed and every run falls back to 127.0.0.1 without shaping: utilization, settle and
+reclaim are then "n/a (unshaped)" -- never a made-up capacity.
+
+Scenarios (capacity = downlink rate; uplink unshaped):
+  (a) steps: 8 Mbps for 15 s -> 2 Mbps for 15 s -> 8 Mbps for 15 s, 10 ms each way;
+  (b) jitter: 5 Mbps, 30 ms +- 15 ms each way (uniform, no reordering), 20 s;
+  (c) loss: 8 Mbps, 2 % random loss on the downlink, 10 ms each way, 20 s.
+Senders (``bench/abr_peers.py``; same picture: the built-in game at 960x540@30 with a
+moving block of fresh noise, stamped with frame number and render time; H.264):
+  ours  = the node's ``SessionRuntime`` with its controller and ladder (game profile);
+  fixed = the same runtime pinned at ``--fixed-bps`` (6 Mbps);
+  stock = aiortc encoding raw frames itself, its encoder following REMB (0.5-3 Mbps).
+
+Measures, per scenario x sender (definitions; t = wall time, phase = a constant-capacity
+span of the script, the first phase starting when the viewer decodes its first frame):
+  * goodput: video RTP payload bytes the viewer received (retransmissions included),
+    in 100 ms bins; "1 s goodput" is the sum over the 10 bins up to t;
+  * utilization = goodput bits / (capacity x seconds) over each phase's steady window,
+    its second half; "overall" pools the steady windows of all phases.  RTP payload
+    excludes IP/UDP/SRTP/RTP headers (about 4 % at 1,200-byte packets), so 100 % is out
+    of reach by those 4 %;
+  * frame delay = viewer decode-out wall time - the frame's stamp (render) time, over every
+    decoded frame of the run: render + encode + pacing + path + jitter buffer + decode,
+    including aiortc's receiver holding each frame until the next starts (~33 ms);
+  * freezes: gaps > 200 ms between consecutive decoded frames with a readable stamp (also
+    a gap from the last frame to the end of the run; a frame whose stamp does not read
+    back is a corrupt picture -- decoded without a lost reference -- and counted apart);
+    "after settling" counts those starting after their phase's settle point, or every
+    freeze of a phase that never settled;
+  * settle time of a phase: the earliest s such that from phase start + s to the phase end
+    (a) the sender's 1 s average send rate (RTP payload) stays <= the capacity, (b)
+    every frame decoded has delay <= bound, bound = downlink one-way delay + jitter +
+    150 ms (frame interval, encode/decode, one aiortc hold, part of the 100 ms queue),
+    and (c) no freeze is in progress;
+    it must then hold for at least ``MIN_SETTLED_S`` (2 s) before the phase ends, else
+    "never".  The target (< 1 s) applies to phases entered by a capacity drop;
+  * reclaim time of a phase entered by a capacity rise: from its start until the 1 s
+    goodput first reaches 85 % of the capacity ("never" if it does not in the phase);
+  * input RTT: a ping on the input data channel every 50 ms, echoed at once by the
+    sender's ``InputRouter``; p95 over pings sent during the run, unanswered ones counted
+    as infinitely late; "above path" = input p95 - the path's own RTT p95, measured with
+    40 UDP echo probes across the Lab under the first phase's conditions before the
+    peers start (idle path: no queue).
+Targets (issue #6): utilization >= 85 %, settle < 1 s after a drop, no freezes after
+settling, input RTT p95 < path RTT + 100 ms.  Each row says ok / MISS per sender; a number
+that could not be measured says why.  Figures on a loaded 2-core machine are noisy: the
+sender, the viewer's decoder and the delay emulator share the two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.netem.lab import Lab, Link, unavailable_reason  # noqa: E402
+
+PEERS = ROOT / "bench" / "abr_peers.py"
+SENDERS = ("ours", "fixed", "stock")
+FREEZE_MS = 200.0  # a gap between decoded frames longer than this is a freeze
+DELAY_MARGIN_MS = 150.0  # settle bound = one-way delay + jitter + this
+MIN_SETTLED_S = 2.0  # a phase counts as settled only if it stays settled this long
+RECLAIM_FRACTION = 0.85  # reclaim: 1 s goodput >= this x capacity
+TARGET_UTILIZATION = 0.85
+TARGET_SETTLE_S = 1.0
+TARGET_INPUT_OVER_PATH_MS = 100.0
+STARTUP_TIMEOUT_S = 40.0  # sender ready + first decoded frame
+RESULT_TIMEOUT_S = 30.0
+ECHO_PORT = 9977
+LOG_DIR = Path(tempfile.gettempdir()) / "bench_abr_logs"
+
+
+@dataclass(frozen=True)
+class Phase:
+    duration_s: float
+    down: Link
+    up: Link = Link()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    key: str
+    title: str
+    phases: tuple[Phase, ...]
+
+
+def scenarios(scale: float) -> dict[str, Scenario]:
+    """The three scenarios of issue #6; ``scale`` multiplies every phase duration."""
+    base = Link(delay_ms=10.0)
+
+    def s(seconds: float) -> float:
+        return round(seconds * scale, 1)
+
+    def down(rate_bps: int, **kw: Any) -> Link:
+        return Link(rate_bps=rate_bps, **{"delay_ms": 10.0, **kw})
+
+    return {
+        "a": Scenario(
+            "a",
+            f"(a) steps 8 -> 2 -> 8 Mbps, {s(15):g} s each, 10 ms each way",
+            tuple(Phase(s(15), down(rate), base) for rate in (8_000_000, 2_000_000, 8_000_000)),
+        ),
+        "b": Scenario(
+            "b",
+            f"(b) 5 Mbps, 30 ms +- 15 ms jitter each way, {s(20):g} s",
+            (Phase(s(20), down(5_000_000, delay_ms=30.0, jitter_ms=15.0), Link(delay_ms=30.0, jitter_ms=15.0)),),
+        ),
+        "c": Scenario(
+            "c",
+            f"(c) 8 Mbps, 2 % random loss on the downlink, 10 ms each way, {s(20):g} s",
+            (Phase(s(20), down(8_000_000, loss_percent=2.0), base),),
+        ),
+    }
+
+
+# --- running one scenario x sender -------------------------------------------------------------------
+
+
+class Child:
+    """A child program with a JSON-lines stdout read by a thread; stderr to a log file."""
+
+    def __init__(self, name: str, popen: Callable[..., subprocess.Popen[Any]], argv: Sequence[str]) -> None:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self.log_path = LOG_DIR / f"{name}.log"
+        self._log: IO[bytes] = open(self.log_path, "wb")  # closed in close()
+        self.proc = popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log)
+        self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        threading.Thread(target=self._read, name=f"read-{name}", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            try:
+                self.lines.put(json.loads(raw))
+            except json.JSONDecodeError:
+                self.lines.put({"junk": raw[:200].decode(errors="replace")})
+        self.lines.put(None)
+
+    def send(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+
+    def stderr_tail(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-1500:]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        self._log.close()
+
+
+class Relay:
+    """Drains both children's lines, relays ``sig`` messages between them, keeps the rest."""
+
+    def __init__(self, sender: Child, viewer: Child) -> None:
+        self.sender, self.viewer = sender, viewer
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def pump(self, until: Callable[[], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not until():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out waiting for {what}; sender log:\n{self.sender.stderr_tail()}\n"
+                                   f"viewer log:\n{self.viewer.stderr_tail()}")  # fmt: skip
+            moved = False
+            for child, other in ((self.sender, self.viewer), (self.viewer, self.sender)):
+                try:
+                    msg = child.lines.get_nowait()
+                except queue.Empty:
+                    continue
+                moved = True
+                if msg is None:
+                    raise RuntimeError(f"{child.name} exited ({child.proc.wait()}):\n{child.stderr_tail()}")
+                if "sig" in msg:
+                    other.send(msg)
+                else:
+                    self.events.append((child.name, msg))
+            if not moved:
+                time.sleep(0.01)
+
+    def has(self, name: str, key: str) -> dict[str, Any] | None:
+        return next((m for n, m in self.events if n == name and key in m), None)
+
+
+@dataclass
+class RunData:
+    """Raw data of one scenario x sender run (all times wall clock, seconds)."""
+
+    scenario: str
+    sender: str
+    shaped: bool
+    phases: list[dict[str, Any]]  # start, end, capacity_bps, delay_ms, jitter_ms, loss_percent
+    path_rtt_ms: list[float]
+    viewer: dict[str, Any]
+    sender_result: dict[str, Any]
+    link: list[list[Any]] = field(default_factory=list)  # [t, downlink forwarded bytes, queue drops, loss drops]
+    error: str | None = None
+
+
+def run_one(scenario: Scenario, sender: str, *, use_lab: bool, fixed_bps: int = 6_000_000) -> RunData:
+    """Run ``sender`` through ``scenario`` (a fresh Lab, or loopback) and return the raw data."""
+    py = sys.executable
+    first = scenario.phases[0]
+    lab = Lab(first.down, first.up) if use_lab else None
+    try:
+        if lab is not None:
+            node_ip, viewer_ip = lab.node_ip, lab.viewer_ip
+
+            def popen_node(argv: Sequence[str], **kw: Any) -> subprocess.Popen[Any]:
+                return lab.popen("node", argv, **kw)
+
+            def popen_viewer(argv: Sequence[str], **kw: Any) -> subprocess.Popen[Any]:
+                return lab.popen("viewer", argv, **kw)
+
+            path_rtt = measure_path_rtt(popen_node, popen_viewer, node_ip)
+        else:
+            node_ip = viewer_ip = "127.0.0.1"
+            popen_node = popen_viewer = _popen_local
+            path_rtt = []
+        tag = f"{scenario.key}-{sender}"
+        sender_argv = [py, str(PEERS), "sender", "--mode", sender, "--advertise", node_ip,
+                       "--fixed-bps", str(fixed_bps)]  # fmt: skip
+        s_child = Child(f"{tag}-sender", popen_node, sender_argv)
+        v_child: Child | None = None
+        try:
+            relay_ready = Relay(s_child, s_child)
+            relay_ready.pump(lambda: relay_ready.has(s_child.name, "ready") is not None, STARTUP_TIMEOUT_S,
+                             "the sender to start")  # fmt: skip
+            v_child = Child(f"{tag}-viewer", popen_viewer, [py, str(PEERS), "viewer", "--advertise", viewer_ip])
+            relay = Relay(s_child, v_child)
+            relay.pump(lambda: relay.has(v_child.name, "first_frame") is not None, STARTUP_TIMEOUT_S,
+                       "the first decoded frame")  # fmt: skip
+            phases: list[dict[str, Any]] = []
+            link_samples: list[list[Any]] = []
+            start = time.time()
+            for i, phase in enumerate(scenario.phases):
+                if i > 0 and lab is not None:
+                    lab.set_downlink(phase.down)
+                    lab.set_uplink(phase.up)
+                phase_start = time.time() if i > 0 else start
+                end = phase_start + phase.duration_s
+                phases.append({"start": phase_start, "end": end, "capacity_bps": phase.down.rate_bps if lab else None,
+                               "delay_ms": phase.down.delay_ms, "jitter_ms": phase.down.jitter_ms,
+                               "loss_percent": phase.down.loss_percent})  # fmt: skip
+                while time.time() < end:
+                    if lab is not None:
+                        c = lab.counters()["downlink"]
+                        link_samples.append([time.time(), c["forwarded_bytes"], c["queue_dropped_packets"],
+                                             c["loss_dropped_packets"]])  # fmt: skip
+                    stop_at = min(end, time.time() + 0.5)
+                    relay.pump(lambda: time.time() >= stop_at, 5.0, "the phase")  # noqa: B023 (called at once)
+            v_child.send({"cmd": "stop"})
+            s_child.send({"cmd": "stop"})
+            relay.pump(
+                lambda: relay.has(v_child.name, "result") is not None and relay.has(s_child.name, "result") is not None,
+                RESULT_TIMEOUT_S,
+                "results",
+            )
+            viewer_result = relay.has(v_child.name, "result")
+            sender_result = relay.has(s_child.name, "result")
+            assert viewer_result is not None and sender_result is not None
+            return RunData(scenario.key, sender, lab is not None, phases, path_rtt, viewer_result["result"],
+                           sender_result["result"], link_samples)  # fmt: skip
+        finally:
+            if v_child is not None:
+                v_child.close()
+            s_child.close()
+    finally:
+        if lab is not None:
+            lab.close()
+
+
+def _popen_local(argv: Sequence[str], **kw: Any) -> subprocess.Popen[Any]:
+    return subprocess.Popen(list(argv), start_new_session=True, **kw)
+
+
+def measure_path_rtt(
+    popen_node: Callable[..., subprocess.Popen[Any]], popen_viewer: Callable[..., subprocess.Popen[Any]], node_ip: str
+) -> list[float]:
+    """Round trips (ms) of 40 UDP probes viewer -> node echo -> viewer across the idle Lab path."""
+    py = sys.executable
+    echo = popen_node([py, str(PEERS), "echo", "--port", str(ECHO_PORT)], stdin=subprocess.PIPE,
+                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        assert echo.stdout is not None
+        echo.stdout.readline()  # {"ready": true}
+        probe = popen_viewer([py, str(PEERS), "rttprobe", "--dst", node_ip, "--port", str(ECHO_PORT)],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+        out, _ = probe.communicate(timeout=60)
+        lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+        return list(lines[-1]["result"]["rtts_ms"]) if lines else []
+    finally:
+        if echo.stdin is not None:
+            echo.stdin.close()
+        try:
+            echo.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            echo.kill()
+
+
+# --- analysis -------------------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass
+class Metrics:
+    """What the table prints for one scenario x sender (None: not measurable, see ``notes``)."""
+
+    utilization: float | None
+    phase_utilization: list[float | None]
+    goodput_mbps: list[float]  # steady-window goodput per phase
+    delay_p50_ms: float | None
+    delay_p95_ms: float | None
+    freezes: int
+    freezes_after_settle: int
+    settle_s: list[float | None]  # per phase
+    drop_phases: list[int]
+    reclaim_s: list[float | None]  # per phase (rise phases only, else None)
+    rise_phases: list[int]
+    input_p95_ms: float | None
+    path_rtt_p95_ms: float | None
+    pings: int
+    unanswered: int
+    send_mbps: list[float | None]  # mean sender send rate per steady window
+    target_mbps: list[float | None]  # mean sender target per steady window
+    frames: int
+    unreadable: int  # decoded frames whose stamp did not read back (corrupt picture: a lost reference)
+    notes: list[str] = field(default_factory=list)
+
+
+def analyse(run: RunData) -> Metrics:
+    """Turn one run's raw data into the table's figures (definitions: module docstring)."""
+    phases = run.phases
+    t0, t_end = phases[0]["start"], phases[-1]["end"]
+    bin_s = float(run.viewer["bin_s"])
+    bins = {int(k): int(v) for k, v in run.viewer["bins"]}
+    frames = [f for f in run.viewer["frames"] if t0 <= f[0] <= t_end]
+    samples = run.sender_result["samples"]
+
+    def goodput_bps(a: float, b: float) -> float:
+        """Goodput between wall times a and b (whole bins inside)."""
+        lo, hi = math.ceil(a / bin_s), math.floor(b / bin_s)
+        if hi <= lo:
+            return 0.0
+        return sum(bins.get(k, 0) for k in range(lo, hi)) * 8 / ((hi - lo) * bin_s)
+
+    def send_rate_1s(t: float) -> float | None:
+        window = [s[2] for s in samples if t - 1.0 < s[0] <= t and s[2] is not None]
+        return sum(window) / len(window) if window else None
+
+    # utilization and per-phase steady figures
+    phase_util: list[float | None] = []
+    goodputs, sends, targets = [], [], []
+    pooled_bits = pooled_capacity = 0.0
+    for p in phases:
+        a, b = (p["start"] + p["end"]) / 2, p["end"]
+        g = goodput_bps(a, b)
+        goodputs.append(g / 1e6)
+        in_window = [s for s in samples if a <= s[0] <= b]
+        send_vals = [s[2] for s in in_window if s[2] is not None]
+        target_vals = [s[1] for s in in_window if s[1] is not None]
+        sends.append(sum(send_vals) / len(send_vals) / 1e6 if send_vals else None)
+        targets.append(sum(target_vals) / len(target_vals) / 1e6 if target_vals else None)
+        cap = p["capacity_bps"]
+        if cap:
+            phase_util.append(g / cap)
+            pooled_bits += g * (b - a)
+            pooled_capacity += cap * (b - a)
+        else:
+            phase_util.append(None)
+    utilization = pooled_bits / pooled_capacity if pooled_capacity else None
+
+    delays = [f[1] for f in frames]
+
+    # freezes: gaps between decoded frames (from the run start, up to the run end)
+    arrivals = [t0, *[f[0] for f in frames], t_end]
+    gaps = [(a, b) for a, b in itertools.pairwise(arrivals) if (b - a) * 1000 > FREEZE_MS]
+
+    # settle per phase
+    settle: list[float | None] = []
+    for p in phases:
+        bound = p["delay_ms"] + p["jitter_ms"] + DELAY_MARGIN_MS
+        last_bad = p["start"]
+        for a, b in gaps:  # a freeze is not settled: nothing arrives, whatever the rate says
+            if a < p["end"] and b > p["start"]:
+                last_bad = max(last_bad, min(b, p["end"]))
+        for f in frames:
+            if p["start"] <= f[0] <= p["end"] and f[1] > bound:
+                last_bad = max(last_bad, f[0])
+        if p["capacity_bps"]:
+            for s in samples:
+                if p["start"] <= s[0] <= p["end"]:
+                    rate = send_rate_1s(s[0])
+                    if rate is not None and rate > p["capacity_bps"]:
+                        last_bad = max(last_bad, s[0])
+        settled_for = p["end"] - last_bad
+        settle.append(last_bad - p["start"] if settled_for >= MIN_SETTLED_S else None)
+
+    after = 0
+    for a, _b in gaps:
+        for p, st in zip(phases, settle, strict=True):
+            if p["start"] <= a < p["end"] and (st is None or a >= p["start"] + st):
+                after += 1
+                break
+
+    # drops and rises
+    drop_phases = [i for i in range(1, len(phases))
+                   if (phases[i]["capacity_bps"] or 0) < (phases[i - 1]["capacity_bps"] or 0)]  # fmt: skip
+    rise_phases = [i for i in range(1, len(phases))
+                   if (phases[i]["capacity_bps"] or 0) > (phases[i - 1]["capacity_bps"] or 0)]  # fmt: skip
+    reclaim: list[float | None] = [None] * len(phases)
+    for i in rise_phases:
+        p = phases[i]
+        need = RECLAIM_FRACTION * p["capacity_bps"]
+        t = p["start"] + 1.0
+        while t <= p["end"]:
+            if goodput_bps(t - 1.0, t) >= need:
+                reclaim[i] = t - p["start"]
+                break
+            t += bin_s
+
+    # input round trips
+    pings = [pg for pg in run.viewer["pings"] if t0 <= pg[0] <= t_end]
+    unanswered = [t for t in run.viewer["pings_unanswered"] if t0 <= t <= t_end - 2.0]  # the last 2 s may be in flight
+    rtts = [pg[1] for pg in pings] + [math.inf] * len(unanswered)
+    notes = []
+    if not run.shaped:
+        notes.append("unshaped loopback: no capacity, utilization/settle/reclaim n/a")
+    return Metrics(
+        utilization=utilization,
+        phase_utilization=phase_util,
+        goodput_mbps=goodputs,
+        delay_p50_ms=percentile(delays, 50),
+        delay_p95_ms=percentile(delays, 95),
+        freezes=len(gaps),
+        freezes_after_settle=after,
+        settle_s=settle,
+        drop_phases=drop_phases,
+        reclaim_s=reclaim,
+        rise_phases=rise_phases,
+        input_p95_ms=percentile(rtts, 95),
+        path_rtt_p95_ms=percentile(run.path_rtt_ms, 95),
+        pings=len(pings) + len(unanswered),
+        unanswered=len(unanswered),
+        send_mbps=sends,
+        target_mbps=targets,
+        frames=len(frames),
+        unreadable=int(run.viewer["unreadable_stamps"]),
+        notes=notes,
+    )
+
+
+# --- the table --------------------------------------------------------------------------------------------
+
+
+def _f(value: float | None, fmt: str, none: str = "n/a") -> str:
+    if value is None:
+        return none
+    if math.isinf(value):
+        return "inf"
+    return format(value, fmt)
+
+
+def _verdict(ok: bool | None) -> str:
+    return "" if ok is None else (" ok" if ok else " MISS")
+
+
+def table(scenario: Scenario, metrics: dict[str, Metrics], shaped: bool) -> str:
+    """One scenario's table: a row per measure, a column per sender, the target last."""
+    names = list(metrics)
+    rows: list[tuple[str, list[str], str]] = []
+    caps = [p.down.rate_bps for p in scenario.phases]
+
+    def row(label: str, cells: Callable[[Metrics], str], target: str = "") -> None:
+        rows.append((label, [cells(metrics[n]) for n in names], target))
+
+    def util(m: Metrics) -> str:
+        if m.utilization is None:
+            return "n/a (unshaped)"
+        return f"{m.utilization * 100:.0f} %{_verdict(m.utilization >= TARGET_UTILIZATION)}"
+
+    row("utilization (steady windows)", util, ">= 85 %")
+    if len(caps) > 1:
+        label = "  per phase " + "/".join(f"{(c or 0) / 1e6:g}" for c in caps) + " Mbps"
+        row(label, lambda m: "/".join(_f(None if u is None else u * 100, ".0f") for u in m.phase_utilization) + " %")
+    row("goodput Mbps (steady, per phase)", lambda m: "/".join(f"{g:.2f}" for g in m.goodput_mbps))
+    row("sender target Mbps (steady)", lambda m: "/".join(_f(t, ".2f") for t in m.target_mbps))
+    row("sender send rate Mbps (steady)", lambda m: "/".join(_f(s, ".2f") for s in m.send_mbps))
+    row("frame delay p50 / p95 ms", lambda m: f"{_f(m.delay_p50_ms, '.0f')} / {_f(m.delay_p95_ms, '.0f')}")
+    row("frames decoded / unreadable stamp", lambda m: f"{m.frames} / {m.unreadable}")
+    row("freezes > 200 ms (total)", lambda m: str(m.freezes))
+
+    def after(m: Metrics) -> str:
+        if not shaped:
+            return f"{m.freezes_after_settle}"
+        unsettled = [i for i, s in enumerate(m.settle_s) if s is None]
+        text = f"{m.freezes_after_settle}{_verdict(m.freezes_after_settle == 0 and not unsettled)}"
+        return text + (f" (phase {','.join(str(i + 1) for i in unsettled)} never settled)" if unsettled else "")
+
+    row("freezes after settling", after, "0")
+    row("settle per phase s", lambda m: "/".join(_f(s, ".1f", "never") for s in m.settle_s))
+    if any(metrics[n].drop_phases for n in names):
+
+        def settle_drop(m: Metrics) -> str:
+            vals = [m.settle_s[i] for i in m.drop_phases]
+            ok = all(v is not None and v < TARGET_SETTLE_S for v in vals)
+            return "/".join(_f(v, ".1f", "never") for v in vals) + _verdict(ok if shaped else None)
+
+        row("settle after the drop s", settle_drop, "< 1 s")
+    if any(metrics[n].rise_phases for n in names):
+        row("reclaim after the rise s", lambda m: "/".join(_f(m.reclaim_s[i], ".1f", "never") for i in m.rise_phases),
+            "(reported)")  # fmt: skip
+
+    def rtt(m: Metrics) -> str:
+        if m.input_p95_ms is None:
+            return "n/a"
+        base = m.path_rtt_p95_ms if m.path_rtt_p95_ms is not None else 0.0
+        over = m.input_p95_ms - base
+        return f"{_f(m.input_p95_ms, '.0f')} (+{_f(over, '.0f')}){_verdict(over < TARGET_INPUT_OVER_PATH_MS)}"
+
+    row("input RTT p95 ms (above path)", rtt, "< path + 100 ms")
+    row("input pings / unanswered", lambda m: f"{m.pings} / {m.unanswered}")
+    path = next((m.path_rtt_p95_ms for m in metrics.values() if m.path_rtt_p95_ms is not None), None)
+    label_w = max(len(r[0]) for r in rows)
+    col_w = max(12, *(len(c) for r in rows for c in r[1]))
+    lines = [scenario.title + (f"; path RTT p95 {path:.1f} ms (idle UDP probe)" if path is not None else "")]
+    lines.append(f"{'':{label_w}}  " + "  ".join(f"{n:<{col_w}}" for n in names) + "  target")
+    for label, cells, target in rows:
+        lines.append(f"{label:<{label_w}}  " + "  ".join(f"{c:<{col_w}}" for c in cells) + f"  {target}")
+    for n in names:
+        for note in metrics[n].notes:
+            lines.append(f"  note ({n}): {note}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="every phase a third as long (noisier)")
+    parser.add_argument("--scenarios", nargs="+", choices=("a", "b", "c"), default=["a", "b", "c"])
+    parser.add_argument("--senders", nargs="+", choices=SENDERS, default=list(SENDERS))
+    parser.add_argument("--no-lab", action="store_true", help="loopback without shaping, even where a Lab works")
+    parser.add_argument("--fixed-bps", type=int, default=6_000_000, help="bitrate of the fixed sender")
+    parser.add_argument("--json", type=Path, help="write the raw per-run data here")
+    args = parser.parse_args(argv)
+
+    reason = "--no-lab given" if args.no_lab else unavailable_reason()
+    use_lab = reason is None
+    if not use_lab:
+        print(f"network lab unavailable ({reason}): running on 127.0.0.1 without shaping")
+    chosen = scenarios(1 / 3 if args.quick else 1.0)
+    raw: list[dict[str, Any]] = []
+    failures = 0
+    for key in args.scenarios:
+        scenario = chosen[key]
+        metrics: dict[str, Metrics] = {}
+        for sender in args.senders:
+            print(f"running {scenario.title} with {sender} ...", file=sys.stderr, flush=True)
+            try:
+                run = run_one(scenario, sender, use_lab=use_lab, fixed_bps=args.fixed_bps)
+            except Exception as exc:  # boundary: one failed run must not hide the others
+                failures += 1
+                print(f"  {sender}: run failed: {exc}", file=sys.stderr, flush=True)
+                continue
+            raw.append(run.__dict__)
+            metrics[sender] = analyse(run)
+        if metrics:
+            print()
+            print(table(scenario, metrics, use_lab))
+            sys.stdout.flush()
+    if args.json:
+        args.json.write_text(json.dumps(raw))
+    print(f"\nchild logs: {LOG_DIR}" + (f"; {failures} run(s) failed" if failures else ""))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
