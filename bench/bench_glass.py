@@ -248,7 +248,7 @@ async def measure(opts: argparse.Namespace, workdir: Path) -> GlassResult:
     broker_env = {**env, "BROKER_HOST": "127.0.0.1", "BROKER_PORT": str(port), "BROKER_DATA_DIR": str(workdir / "data"),
                   "BROKER_ADMIN_TOKEN": admin, "BROKER_NODE_TOKEN": node_token, "BROKER_LOG_LEVEL": "warning",
                   "BROKER_AUTOSCALE_INTERVAL_S": "0"}  # one static node; nothing to scale
-    node_argv = [sys.executable, "-m", "streamer", "--broker-url", base, "--node-token", node_token, "--pool", POOL,
+    node_argv = [sys.executable, "-m", "streamer", "--broker-url", base, f"--node-token={node_token}", "--pool", POOL,
                  "--host-id", HOST_ID, "--seats", "1", "--advertise-addresses", "127.0.0.1",
                  "--heartbeat-interval-s", "1", "--encoder", opts.encoder, "--log-level", "warning"]
     admin_auth = {"Authorization": f"Bearer {admin}"}

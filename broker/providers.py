@@ -62,8 +62,9 @@ from typing import IO, Any, Final, Protocol
 log = logging.getLogger(__name__)
 
 PROVIDERS: Final = ("static", "local", "kubernetes")
-DEFAULT_NODE_COMMAND: Final = ("{python}", "-m", "streamer", "--broker-url", "{broker_url}", "--node-token",
-                               "{node_token}", "--pool", "{pool}", "--host-id", "{host_id}")
+# "--opt=value": a token that starts with "-" (token_urlsafe makes those) is still read as the value
+DEFAULT_NODE_COMMAND: Final = ("{python}", "-m", "streamer", "--broker-url", "{broker_url}",
+                               "--node-token={node_token}", "--pool", "{pool}", "--host-id", "{host_id}")
 PLACEHOLDERS: Final = ("python", "broker_url", "node_token", "pool", "host_id")
 POD_DELETION_COST: Final = "controller.kubernetes.io/pod-deletion-cost"
 LOWEST_DELETION_COST: Final = -(2**31)  # the annotation is an int32; lower is deleted first

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh >/dev/null
 export BROKER_DATA_DIR=${BROKER_DATA_DIR:-.render-broker}
 export BROKER_PORT=${BROKER_PORT:-8080}
-export BROKER_ADMIN_TOKEN=${BROKER_ADMIN_TOKEN:-$(.venv/bin/python -c 'import secrets; print(secrets.token_urlsafe(18))')}
-export BROKER_NODE_TOKEN=${BROKER_NODE_TOKEN:-$(.venv/bin/python -c 'import secrets; print(secrets.token_urlsafe(18))')}
+export BROKER_ADMIN_TOKEN=${BROKER_ADMIN_TOKEN:-$(.venv/bin/python -c 'import secrets; print(secrets.token_hex(16))')}
+export BROKER_NODE_TOKEN=${BROKER_NODE_TOKEN:-$(.venv/bin/python -c 'import secrets; print(secrets.token_hex(16))')}
 export BROKER_ALLOW_GUESTS=${BROKER_ALLOW_GUESTS:-true}
 exec .venv/bin/python -m streamer.local "$@"

@@ -70,7 +70,7 @@ async def run() -> int:
                     r.raise_for_status()
         for pool in ("desktop", "game"):
             procs.append(await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "streamer", "--broker-url", url, "--node-token", node, "--pool", pool,
+                sys.executable, "-m", "streamer", "--broker-url", url, f"--node-token={node}", "--pool", pool,
                 "--host-id", f"local-{pool}", "--seats", str(NODE_SEATS), "--advertise-addresses", "127.0.0.1",
                 env=env, start_new_session=True))
         print(f"\nrender-broker is up:\n  client:    {url}/\n  dashboard: {url}/web/admin.html\n"

@@ -117,9 +117,16 @@ async def test_local_provider_forgets_a_node_that_exited_and_reports_spawn_failu
 def test_argv_template_and_host_ids() -> None:
     argv = build_argv(DEFAULT_NODE_COMMAND, {"python": "/py", "broker_url": "http://b:8080", "node_token": "nt",
                                              "pool": "gpu", "host_id": "gpu-1"})
-    assert argv == ["/py", "-m", "streamer", "--broker-url", "http://b:8080", "--node-token", "nt", "--pool", "gpu",
+    assert argv == ["/py", "-m", "streamer", "--broker-url", "http://b:8080", "--node-token=nt", "--pool", "gpu",
                     "--host-id", "gpu-1"]
     assert build_argv(["{x}", "{pool}"], {"pool": "p"}) == ["{x}", "p"]  # unknown braces are kept
+    # a token that starts with "-" (secrets.token_urlsafe makes those) still reaches the node as its value
+    from streamer.settings import load as load_node_settings
+
+    dashed = build_argv(DEFAULT_NODE_COMMAND, {"python": "/py", "broker_url": "http://b:8080", "node_token": "-x-Y",
+                                               "pool": "gpu", "host_id": "gpu-1"})
+    node = load_node_settings(dashed[3:], {})
+    assert (node.node_token, node.pool, node.host_id) == ("-x-Y", "gpu", "gpu-1")
     hid = new_host_id("a" * 63)
     assert len(hid) <= 63 and hid.startswith("a") and hid != new_host_id("a" * 63)
 
