@@ -62,6 +62,8 @@ async def problem_middleware(request: web.Request,
         resp = await handler(request)
     except BrokerError as err:
         return _problem_response(err, metrics)
+    except (ConnectionResetError, BrokenPipeError):
+        raise  # the client went away mid-response (aiohttp's reset errors too): not the store's fault
     except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
         log.warning("redis unavailable during %s %s: %s", request.method, request.path, exc)
         return _problem_response(Unavailable("live state store (Redis) is unavailable; retry shortly"), metrics)
