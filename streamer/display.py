@@ -60,7 +60,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Final
+from typing import Any, Final
 
 from Xlib import X
 from Xlib import display as xdisplay
@@ -74,6 +74,17 @@ log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
+def _find_prctl() -> Any:
+    """libc's prctl, looked up once in the parent: a forked child (preexec_fn) should not dlopen."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux / not glibc
+        return None
+
+
+_PRCTL: Final = _find_prctl()
+
+
 def die_with_parent() -> None:
     """In the child, before exec: ask the kernel to SIGKILL it when the node process dies.
 
@@ -81,11 +92,9 @@ def die_with_parent() -> None:
     group; without this a SIGKILLed node (no chance to clean up) would leave Xvfb and the
     app running.  Linux only; elsewhere a no-op.
     """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
 
 X11_UNIX_DIR: Final = Path("/tmp/.X11-unix")
 LOCK_DIR: Final = Path("/tmp")
