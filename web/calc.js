@@ -50,3 +50,38 @@ export function estimateWaitS(position, advances, elapsedS) {
   if (!Number.isFinite(position) || !(advances > 0) || !(elapsedS > 0)) return null;
   return position / (advances / elapsedS);
 }
+
+export const RTP_VIDEO_CLOCK_PER_MS = 90; // the node's RTP timestamps: its render clock at 90 kHz + a random origin
+export const RTP_WRAP = 2 ** 32;
+
+/** The most common value in a list (of tied values, the first to reach the top count), or null when empty. */
+export function mode(values) {
+  const counts = new Map();
+  let best = null, bestCount = 0;
+  for (const v of values) {
+    const c = (counts.get(v) || 0) + 1;
+    counts.set(v, c);
+    if (c > bestCount) { best = v; bestCount = c; }
+  }
+  return best;
+}
+
+/**
+ * Render-time gap (ms) between the frame a requestVideoFrameCallback describes and the frame
+ * whose stamp was read from the drawn image: under load Chromium can draw a newer frame than its
+ * metadata describes. `offset` = (rtpTimestamp - stampMs * 90) mod 2^32 is the same for every
+ * correctly paired sample (the RTP origin), so a sample's deviation from the usual offset
+ * (`origin`, the mode of recent offsets) is that gap. 0 when either is unknown.
+ */
+export function rtpShiftMs(offset, origin) {
+  if (offset === null || origin === null) return 0;
+  let d = (((offset - origin) % RTP_WRAP) + RTP_WRAP) % RTP_WRAP;
+  if (d >= RTP_WRAP / 2) d -= RTP_WRAP;
+  return d / RTP_VIDEO_CLOCK_PER_MS;
+}
+
+/** (rtpTimestamp - stampMs * 90) mod 2^32, or null when the callback gave no RTP timestamp. */
+export function rtpOffset(rtpTimestamp, stampMs) {
+  if (typeof rtpTimestamp !== "number") return null;
+  return (((rtpTimestamp - stampMs * RTP_VIDEO_CLOCK_PER_MS) % RTP_WRAP) + RTP_WRAP) % RTP_WRAP;
+}

@@ -5,6 +5,7 @@
 // previous periodic sample the caller keeps.  FrameStamps samples the displayed video a few times a
 // second (requestVideoFrameCallback) and keeps the recent glass-to-glass values.
 
+import { mode, rtpOffset, rtpShiftMs } from "./calc.js";
 import { el, fmtBitrate, fmtNum, render } from "./common.js";
 import { STAMP_COLUMNS, STAMP_ROWS, cellBits, median, parseStamp, stampHeight } from "./stamp.js";
 
@@ -93,6 +94,7 @@ export class FrameStamps {
     this.video = video;
     this.active = active;
     this.samples = [];
+    this.offsets = []; // recent RTP offsets (see rtpShiftMs), to pair each sample with its frame
     this.misses = 0;
     this.lastAt = 0;
     this.ctx = null;
@@ -112,6 +114,7 @@ export class FrameStamps {
   /** Forget old samples (a new connection). */
   reset() {
     this.samples = [];
+    this.offsets = [];
     this.misses = 0;
   }
 
@@ -139,7 +142,13 @@ export class FrameStamps {
       if (!stamp) { this.misses += 1; return; }
       this.misses = 0;
       const shownAt = performance.timeOrigin + (meta && meta.expectedDisplayTime ? meta.expectedDisplayTime : now);
-      const g2g = shownAt - stamp.tsMs;
+      // the metadata's frame may be older than the drawn one: measure from the metadata frame's render time
+      const offset = rtpOffset(meta ? meta.rtpTimestamp : undefined, stamp.tsMs);
+      if (offset !== null) {
+        this.offsets.push(offset);
+        if (this.offsets.length > STAMP_WINDOW) this.offsets.shift();
+      }
+      const g2g = shownAt - (stamp.tsMs + rtpShiftMs(offset, mode(this.offsets)));
       if (g2g > -1000 && g2g < 60_000) { // clocks of different machines may disagree: keep plausible values only
         this.samples.push(g2g);
         if (this.samples.length > STAMP_WINDOW) this.samples.shift();

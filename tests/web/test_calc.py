@@ -130,3 +130,23 @@ def test_frame_stamp_matches_the_game_renderer() -> None:
     assert r["height"] == game.stamp_height(1280)
     assert r["crc"] == 0xCBF43926  # the CRC-32 check value
     assert r["median"] == [3, 2.5, None]
+
+
+def test_rtp_offset_pairs_a_glass_to_glass_sample_with_the_frame_its_metadata_describes() -> None:
+    # The node's RTP timestamp is its render clock (ms) x 90 plus a random origin, mod 2**32; a sample whose
+    # drawn image is a newer frame than its metadata shows up as an offset away from the usual one.
+    stamp, origin = 1_764_000_000_123, 4_294_967_000  # near the wrap, to cover it
+    rtp = f"(({origin} + {stamp} * 90) % 2 ** 32)"
+    r = run({
+        "offset_paired": f"c.rtpOffset({rtp}, {stamp})",
+        # metadata of frame F (rendered at stamp), image of G rendered 33 ms later
+        "shift_newer": f"c.rtpShiftMs(c.rtpOffset({rtp}, {stamp} + 33), c.rtpOffset({rtp}, {stamp}))",
+        "shift_paired": f"c.rtpShiftMs(c.rtpOffset({rtp}, {stamp}), c.rtpOffset({rtp}, {stamp}))",
+        "no_rtp": f"c.rtpOffset(undefined, {stamp})",
+        "no_origin": "c.rtpShiftMs(5, null)",
+        "mode": "c.mode([7, 3, 3, 9, 7, 3])", "mode_tie": "c.mode([2, 1, 1, 2])", "mode_empty": "c.mode([])",
+    })
+    assert r["offset_paired"] == origin
+    assert r["shift_newer"] == -33 and r["shift_paired"] == 0
+    assert r["no_rtp"] is None and r["no_origin"] == 0
+    assert (r["mode"], r["mode_tie"], r["mode_empty"]) == (3, 1, None)
