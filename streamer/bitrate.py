@@ -23,14 +23,24 @@ The algorithm, per update:
   3. After a cut, hold (no increase, no further cut) for max(`MIN_HOLD_MS`, RTT).
   4. Otherwise ramp: multiplicative (+8 %/s) far from the last congested rate, additive
      (about one packet per response time, RTT + 100 ms) within +-20 % of it.
-  5. Cap at `REMB_HEADROOM_PERCENT` of the REMB (headroom for audio and the input data
-     channel), then clamp to the profile's [min_bps, max_bps].
+  5. Cap by the REMB, then clamp to the profile's [min_bps, max_bps].  For
+     `REMB_TRUST_MS` after the REMB falls (a fresh REMB under `REMB_FALL_PERCENT` of the
+     highest one since the previous fall, or a first REMB under that share of the send
+     rate: the viewer saw overuse) the cap is `REMB_HEADROOM_PERCENT` of it (headroom for
+     audio and the input data channel).  Otherwise the REMB is only a ceiling for probing,
+     `REMB_PROBE_PERCENT` of it: a receiver's REMB follows the rate it receives (aiortc's
+     grows additively near its last maximum, is capped at 1.5x the incoming rate and stands
+     still while its detector reports under-use), so a sender that never exceeds it cannot
+     show the viewer that the path carries more; the loss and delay signals and the next
+     REMB fall stop the probe.
 
 Invariants:
   - `profile.min_bps <= target_bps <= profile.max_bps` in every decision.
-  - `target_bps <= remb_bps * REMB_HEADROOM_PERCENT // 100` whenever a REMB is known and
-    that cap is at least `profile.min_bps` (the minimum wins: the encoder cannot usefully
-    go lower; the quality ladder steps resolution/fps down instead).
+  - `target_bps <= remb_bps * REMB_HEADROOM_PERCENT // 100` within `REMB_TRUST_MS` of a
+    REMB fall, and `<= remb_bps * REMB_PROBE_PERCENT // 100` always, whenever a REMB is
+    known and that cap is at least `profile.min_bps` (the minimum wins: the encoder cannot
+    usefully go lower; the quality ladder steps resolution/fps down instead).
+    `signals.remb_cap_bps` is the cap in force.
   - At most one cut per hold period; no increase during a hold, while the latest loss
     is >= 2 %, or while the latest delay sample is high.
   - Time never goes backwards: `now_ms` lower than the previous update's raises.
@@ -57,6 +67,18 @@ GAME_START_BPS = 5_000_000
 # Target <= 85 % of the viewer's REMB: leaves room for audio and the input data channel,
 # which otherwise queues behind video under congestion (measured: 729 ms input RTT).
 REMB_HEADROOM_PERCENT = 85
+# A fresh REMB under 90 % of the highest since the previous fall (or a first REMB under 90 %
+# of the send rate) is a fall: the viewer's detector saw overuse.  The headroom cap holds for
+# REMB_TRUST_MS after it; then the target may probe up to REMB_PROBE_PERCENT of the REMB.
+# Measured on the network lab (bench/bench_abr.py): with the headroom cap always in force,
+# aiortc's REMB stood at 4.3 Mbps for 16 s on an 8 Mbps path with 2 % loss, and took 15 s to
+# climb from 1.6 to 2.3 Mbps after capacity returned to 8 Mbps.  A 150 % ceiling let the
+# ramp overrun the path further than the delay signal (receiver reports, about one a
+# second) catches before loss: freezes.  With 120 % the lab's figures moved within their
+# run-to-run spread (utilization 45-73 % either way); the stall itself is gone.
+REMB_FALL_PERCENT = 90
+REMB_TRUST_MS = 5_000
+REMB_PROBE_PERCENT = 120
 
 # --- loss signal (GCC thresholds, as ratios of lost / expected packets) -----------------
 LOSS_INCREASE_MAX_RATIO = 0.02  # below: the rate may grow
@@ -101,7 +123,7 @@ class BitrateReason(StrEnum):
     RAMP_ADDITIVE = "ramp_additive"  # ~one packet per response time, near the capacity
     DELAY_BACKOFF = "delay_backoff"  # jitter/RTT rose above baseline for several samples
     LOSS_BACKOFF = "loss_backoff"  # loss > 10 %: rate *= (1 - 0.5 * loss)
-    REMB_CAP = "remb_cap"  # limited to REMB_HEADROOM_PERCENT of the viewer's REMB
+    REMB_CAP = "remb_cap"  # limited by the viewer's REMB (headroom after a fall, else the probe ceiling)
     MIN_CLAMP = "min_clamp"  # raised to the profile minimum
     MAX_CLAMP = "max_clamp"  # limited to the profile maximum
 
@@ -181,6 +203,7 @@ class BitrateState:
     `jitter_minima`/`rtt_minima` are monotonic windowed-minimum queues of (time_ms,
     value_ms): values strictly increase front to back, the front is the baseline.
     `capacity_bps` is the rate at which congestion was last seen (None: unknown).
+    `remb_peak_bps` is the highest REMB since the last fall (`remb_fall_ms`).
     """
 
     profile: BitrateProfile
@@ -198,6 +221,8 @@ class BitrateState:
     jitter_minima: tuple[tuple[int, float], ...] = ()
     rtt_minima: tuple[tuple[int, float], ...] = ()
     delay_high_samples: int = 0
+    remb_peak_bps: int | None = None
+    remb_fall_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,9 +250,9 @@ def jitter_ms_from_rtp(jitter_rtp_units: float, clock_rate_hz: int = RTP_VIDEO_C
     return jitter_rtp_units * 1000.0 / clock_rate_hz
 
 
-def remb_cap_bps(remb_bps: int) -> int:
-    """The highest target allowed under a REMB estimate (REMB minus headroom)."""
-    return remb_bps * REMB_HEADROOM_PERCENT // 100
+def remb_cap_bps(remb_bps: int, trusted: bool = True) -> int:
+    """The highest target allowed under a REMB: minus headroom after a fall, else the probe ceiling."""
+    return remb_bps * (REMB_HEADROOM_PERCENT if trusted else REMB_PROBE_PERCENT) // 100
 
 
 def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecision:
@@ -255,6 +280,19 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
         if cumulative_lost is not None:
             lost_delta = feedback.cumulative_lost - cumulative_lost
         cumulative_lost = feedback.cumulative_lost
+
+    # -- REMB fall: the viewer saw overuse -------------------------------------------------
+    remb_peak, remb_fall_ms = state.remb_peak_bps, state.remb_fall_ms
+    fell = False
+    if feedback.remb_bps is not None:
+        if remb_peak is not None:
+            fell = feedback.remb_bps * 100 < remb_peak * REMB_FALL_PERCENT
+        else:  # a first REMB: a fall when under the send rate (or when that is unknown)
+            fell = send_rate is None or feedback.remb_bps * 100 < send_rate * REMB_FALL_PERCENT
+        if fell:
+            remb_peak, remb_fall_ms = feedback.remb_bps, now_ms
+        else:
+            remb_peak = max(remb_peak or 0, feedback.remb_bps)
 
     # -- delay signal: fresh samples against their windowed minima --------------------------
     jitter_minima = state.jitter_minima
@@ -300,8 +338,9 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
         else:
             candidate, reason, capacity = _ramp(state, rtt, now_ms)
 
-    # -- caps: REMB (with headroom), then the profile's bounds ---------------------------
-    remb_cap = remb_cap_bps(remb) if remb is not None else None
+    # -- caps: REMB (headroom after a fall, else the probe ceiling), then the profile's bounds
+    trusted = remb_fall_ms is not None and now_ms - remb_fall_ms < REMB_TRUST_MS
+    remb_cap = remb_cap_bps(remb, trusted) if remb is not None else None
     if remb_cap is not None and candidate > remb_cap:
         candidate, reason = remb_cap, BitrateReason.REMB_CAP
     if candidate < profile.min_bps:
@@ -325,6 +364,8 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
         jitter_minima=jitter_minima,
         rtt_minima=rtt_minima,
         delay_high_samples=delay_high_samples,
+        remb_peak_bps=remb_peak,
+        remb_fall_ms=remb_fall_ms,
     )
     signals = BitrateSignals(
         remb_bps=remb,

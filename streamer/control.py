@@ -82,6 +82,7 @@ class ControlStep:
             "rung": f"{rung.width}x{rung.height}@{rung.fps}",
             "rung_changed": self.ladder.changed,
             "remb_bps": s.remb_bps,
+            "remb_cap_bps": s.remb_cap_bps,
             "send_rate_bps": s.send_rate_bps,
             "rtt_ms": _round(s.rtt_ms),
             "rtt_baseline_ms": _round(s.rtt_baseline_ms),

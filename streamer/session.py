@@ -82,6 +82,7 @@ MAX_WIDTH_PX: Final = 7680
 MAX_HEIGHT_PX: Final = 4320
 MIN_SIZE_PX: Final = 64
 EVENT_DRAIN_TIMEOUT_S: Final = 10.0  # stop() waits this long for queued events to be delivered
+SEND_RATE_WINDOW_S: Final = 1.0  # the send rate the controller gets is averaged over this long
 DECISION_LOG_SIZE: Final = 50  # control steps kept in stats()["decisions"] (10 s at 200 ms)
 
 EventCallback = Callable[[str, dict[str, Any]], Awaitable[None]]
@@ -575,15 +576,20 @@ class SessionRuntime:
         """Every ``stats_interval_ms``: feedback -> bitrate/ladder decisions -> encoder; stats to the viewer."""
         interval_s = self.config.stats_interval_ms / 1000.0
         client_every = max(1, self.config.client_stats_interval_ms // self.config.stats_interval_ms)
-        last_bytes, last_t = 0, time.monotonic()
+        sent: deque[tuple[float, int]] = deque([(time.monotonic(), 0)])  # (time, bytes sent) over the window
         tick = 0
         while True:
             await asyncio.sleep(interval_s)
             try:
                 remote = await peer.poll_feedback()
                 now = time.monotonic()
-                send_rate = round((remote.bytes_sent - last_bytes) * 8 / (now - last_t)) if now > last_t else None
-                last_bytes, last_t = remote.bytes_sent, now
+                # send rate over the last SEND_RATE_WINDOW_S: one period holds a few frames, and a
+                # keyframe or a frame straddling two periods makes a single period's rate swing
+                while len(sent) > 1 and sent[1][0] <= now - SEND_RATE_WINDOW_S:
+                    sent.popleft()
+                t0, b0 = sent[0]
+                send_rate = round((remote.bytes_sent - b0) * 8 / (now - t0)) if now > t0 else None
+                sent.append((now, remote.bytes_sent))
                 now_ms = int(now * 1000)
                 step = controller.update(feedback_from_remote(remote, send_rate), now_ms)
                 self._decisions.append(step.record(now_ms))

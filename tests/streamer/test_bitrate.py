@@ -271,23 +271,27 @@ def test_cumulative_loss_is_reported_as_a_delta() -> None:
 # --- REMB and profile bounds ------------------------------------------------------------
 
 
-def test_never_above_headroomed_remb() -> None:
-    clean_remb = Feedback(remb_bps=2_000_000, fraction_lost=0, jitter_ms=3.0, rtt_ms=50.0)
-    decisions = run([(t, clean_remb) for t in range(0, 10_000, 1_000)])
-    assert targets(decisions) == [
-        1_000_000,
-        1_080_000,
-        1_166_400,
-        1_259_712,
-        1_360_488,
-        1_469_327,
-        1_586_873,
-        1_700_000,  # 1_713_822 capped at 85 % of REMB
-        1_700_000,
-        1_700_000,
-    ]
-    assert reasons(decisions)[7:] == ["remb_cap"] * 3
-    assert remb_cap_bps(2_000_000) == 1_700_000
+def test_remb_caps_with_headroom_after_a_fall_then_is_a_probe_ceiling() -> None:
+    remb = Feedback(remb_bps=1_200_000, fraction_lost=0, jitter_ms=3.0, rtt_ms=50.0)
+    decisions = run([(t, remb) for t in range(0, 13_000, 1_000)])
+    # the first REMB, with no send rate to compare, counts as a fall: 85 % of it for REMB_TRUST_MS
+    assert targets(decisions)[:5] == [1_000_000, 1_020_000, 1_020_000, 1_020_000, 1_020_000]
+    assert reasons(decisions)[1:5] == ["remb_cap"] * 4
+    assert remb_cap_bps(1_200_000) == 1_020_000 and decisions[4].signals.remb_cap_bps == 1_020_000
+    # 5 s later the REMB has not fallen again: the target probes above it, up to 120 % of it
+    assert reasons(decisions)[5:9] == ["ramp_multiplicative"] * 4
+    assert targets(decisions)[5:] == [1_101_600, 1_189_728, 1_284_906, 1_387_698, 1_440_000, 1_440_000, 1_440_000,
+                                      1_440_000]
+    assert reasons(decisions)[9:] == ["remb_cap"] * 4
+    assert decisions[12].signals.remb_cap_bps == remb_cap_bps(1_200_000, False) == 1_440_000
+    # a REMB under 90 % of the highest since the fall is a new fall: the headroom cap at once
+    fall = run([(13_000, replace(remb, remb_bps=1_000_000))], decisions[-1].state)[0]
+    assert (fall.target_bps, fall.reason) == (850_000, "remb_cap")
+    # a first REMB at or above 90 % of the send rate measures our own traffic: no fall, probe ceiling
+    measured = run([(0, Feedback()), (200, Feedback(remb_bps=950_000, send_rate_bps=1_000_000))])[1]
+    assert measured.signals.remb_cap_bps == 1_140_000 and measured.reason == "ramp_multiplicative"
+    first_low = run([(0, Feedback()), (200, Feedback(remb_bps=890_000, send_rate_bps=1_000_000))])[1]
+    assert (first_low.target_bps, first_low.reason) == (756_500, "remb_cap")
 
 
 def test_remb_drop_applies_immediately() -> None:
@@ -399,5 +403,6 @@ def test_send_rate_far_below_the_target_marks_the_decision_app_limited() -> None
         ]
     )
     assert [d.signals.app_limited for d in decisions] == [False, True, False, False, True]
-    # The flag only describes; the target follows the same rules as before (REMB cap here).
-    assert (decisions[-1].target_bps, decisions[-1].reason) == (170_000, "remb_cap")
+    # The flag only describes; the target follows the same rules as before: here a first REMB above
+    # the send rate (a measurement of our own traffic, not a fall) is a probe ceiling of 120 %.
+    assert (decisions[-1].target_bps, decisions[-1].reason) == (240_000, "remb_cap")

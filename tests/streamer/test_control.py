@@ -109,13 +109,14 @@ def test_control_step_record_carries_target_reasons_rung_and_signals() -> None:
     )  # fmt: skip
     assert step.record(200) == {
         "now_ms": 200,
-        "target_bps": 3_400_000,
+        "target_bps": 4_375_000,  # 25 % loss: 5 Mbps * (1 - 0.125); the first REMB measured 3 Mbps sent
         "changed": True,
-        "reason": "remb_cap",
+        "reason": "loss_backoff",
         "ladder_reason": "hold",
         "rung": "1280x720@60",
         "rung_changed": False,
         "remb_bps": 4_000_000,
+        "remb_cap_bps": 4_800_000,  # not a fall: the probe ceiling
         "send_rate_bps": 3_000_000,
         "rtt_ms": 41.0,
         "rtt_baseline_ms": 41.0,
