@@ -7,6 +7,10 @@ preference and the codecs the viewer's offer can receive.
 ``streamer.bitrate.decide`` (target bitrate) and ``streamer.ladder.decide``
 (resolution/fps rung), and feeds the first's target into the second; the
 session runtime applies the resulting ``ControlStep`` (decide, then apply).
+It also calibrates the encoder: ``encoder_bps`` = target x a gain that makes
+the measured send rate meet the target (``rate_match_gain``: x264 steered
+through a one-frame VBV spends about 86 % of its bitrate, since a frame under
+its budget cannot lend the rest to the next).
 
 Concurrency model: none.  No clock (time comes in as ``now_ms``), no I/O, no
 asyncio, no aiortc or PyAV import; ``StreamController`` is a plain object
@@ -61,10 +65,14 @@ def choose_backend(
 
 @dataclass(frozen=True, slots=True)
 class ControlStep:
-    """One control period's decisions: apply ``ladder.rung`` if it changed, else ``bitrate.target_bps``."""
+    """One control period's decisions: apply ``ladder.rung`` if it changed, and ``encoder_bps``.
+
+    ``encoder_bps`` is the bitrate to give the encoder: ``bitrate.target_bps`` x the rate-match gain.
+    """
 
     bitrate: BitrateDecision
     ladder: LadderDecision
+    encoder_bps: int
 
     def record(self, now_ms: int) -> dict[str, Any]:
         """A JSON-ready telemetry record of this step: target, reasons, rung and the signals used.
@@ -76,6 +84,7 @@ class ControlStep:
         return {
             "now_ms": now_ms,
             "target_bps": b.target_bps,
+            "encoder_bps": self.encoder_bps,
             "changed": b.changed,
             "reason": b.reason.value,
             "ladder_reason": self.ladder.reason.value,
@@ -99,12 +108,34 @@ def _round(value: float | None) -> float | None:
     return round(value, 2) if value is not None else None
 
 
+# Rate match: the encoder gets target x gain, gain in [1, RATE_MATCH_MAX_GAIN], nudged each period
+# while the encoder uses its bits (not application-limited) so the send rate meets the target.
+RATE_MATCH_MAX_GAIN: Final = 1.2
+RATE_MATCH_LOW: Final = 0.95  # send rate under 95 % of the target: raise the gain
+RATE_MATCH_HIGH: Final = 1.0  # send rate over the target: lower it
+RATE_MATCH_UP: Final = 1.01  # per period (+5 %/s at 200 ms): slow, the send rate lags by its window
+RATE_MATCH_DOWN: Final = 1.03  # per period: an overshoot is undone faster than it was built
+
+
+def rate_match_gain(gain: float, target_bps: int | None, send_rate_bps: int | None, app_limited: bool) -> float:
+    """The next encoder gain, from the send rate measured under ``target_bps`` (the target in force)."""
+    if target_bps is None or send_rate_bps is None or app_limited or target_bps <= 0:
+        return gain
+    ratio = send_rate_bps / target_bps
+    if ratio < RATE_MATCH_LOW:
+        return min(RATE_MATCH_MAX_GAIN, gain * RATE_MATCH_UP)
+    if ratio > RATE_MATCH_HIGH:
+        return max(1.0, gain / RATE_MATCH_DOWN)
+    return gain
+
+
 class StreamController:
     """Bitrate controller + quality ladder for one viewer: holds their states between decisions."""
 
     def __init__(self, profile: BitrateProfile, ladder: Ladder) -> None:
         self._bitrate = bitrate_policy.initial_state(profile)
         self._ladder = ladder_policy.initial_state(ladder, profile.start_bps)
+        self.gain = 1.0  # rate match (see rate_match_gain)
         self.last: ControlStep | None = None
 
     @property
@@ -114,10 +145,12 @@ class StreamController:
 
     def update(self, feedback: Feedback, now_ms: int) -> ControlStep:
         """Fold one period's feedback in (``now_ms``: a monotonic clock, milliseconds)."""
+        in_force = self._bitrate.target_bps if self._bitrate.started else None
         bitrate = bitrate_policy.decide(self._bitrate, feedback, now_ms)
         ladder = ladder_policy.decide(
             self._ladder, bitrate.target_bps, now_ms, app_limited=bitrate.signals.app_limited
         )
+        self.gain = rate_match_gain(self.gain, in_force, feedback.send_rate_bps, bitrate.signals.app_limited)
         self._bitrate, self._ladder = bitrate.state, ladder.state
-        self.last = ControlStep(bitrate, ladder)
+        self.last = ControlStep(bitrate, ladder, round(bitrate.target_bps * self.gain))
         return self.last

@@ -204,6 +204,7 @@ class SessionRuntime:
         self._keyframe_timer: asyncio.TimerHandle | None = None
         self._remote: dict[str, Any] = {"rtt_ms": None, "jitter_ms": None, "loss": None, "remb_bps": None}
         self._send_rate_bps: int | None = None
+        self._encoder_bps: int | None = None  # last bitrate given to the encoder (target x rate-match gain)
         self._keyframe_requests = 0
         # Telemetry of every control step (all viewers of the session): the newest records and
         # a count per bitrate reason since the session started.
@@ -300,6 +301,7 @@ class SessionRuntime:
             "grab_ms": None,  # median capture/render per frame, ms
             "bitrate_bps": self._send_rate_bps,  # measured RTP payload rate
             "target_bps": step.bitrate.target_bps if step else None,
+            "encoder_bps": self._encoder_bps,  # what the encoder was asked for: target x rate-match gain
             "encoder_bitrate_bps": None,  # what the codec runs at (may hold back small changes)
             "keyframes": 0,  # produced by the current encoder
             "requested_keyframes": 0,  # keyframes forced by PLI/FIR or a new viewer (current encoder)
@@ -479,6 +481,7 @@ class SessionRuntime:
         await self._drop_peer("replaced")
         controller = StreamController(self._profile, self._ladder)
         await self._configure_encoder(selection.backend, controller.rung, self._profile.start_bps)
+        self._encoder_bps = self._profile.start_bps
         self._selection_reasons = selection.reasons
         track = EncodedVideoTrack()
         peer = ViewerPeer(
@@ -611,12 +614,15 @@ class SessionRuntime:
                 "session %s: ladder %s -> %dx%d@%d (target %d bps)",
                 self.spec.id, step.ladder.reason.value, rung.width, rung.height, rung.fps, step.bitrate.target_bps,
             )  # fmt: skip
-            await self._configure_encoder(self._pipeline.encoder.backend, rung, step.bitrate.target_bps)
-        elif step.bitrate.changed:
+            await self._configure_encoder(self._pipeline.encoder.backend, rung, step.encoder_bps)
+            self._encoder_bps = step.encoder_bps
+        elif step.encoder_bps != self._encoder_bps:
             log.debug(
-                "session %s: bitrate %s -> %d bps", self.spec.id, step.bitrate.reason.value, step.bitrate.target_bps
-            )
-            self._pipeline.set_bitrate(step.bitrate.target_bps)
+                "session %s: bitrate %s -> %d bps (encoder %d)",
+                self.spec.id, step.bitrate.reason.value, step.bitrate.target_bps, step.encoder_bps,
+            )  # fmt: skip
+            self._pipeline.set_bitrate(step.encoder_bps)
+            self._encoder_bps = step.encoder_bps
 
     def _note_feedback(self, remote: RemoteFeedback, send_rate: int | None) -> None:
         self._send_rate_bps = send_rate

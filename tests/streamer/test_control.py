@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from encoder import NoEncoderError, ProbeResult
@@ -110,6 +112,7 @@ def test_control_step_record_carries_target_reasons_rung_and_signals() -> None:
     assert step.record(200) == {
         "now_ms": 200,
         "target_bps": 4_375_000,  # 25 % loss: 5 Mbps * (1 - 0.125); the first REMB measured 3 Mbps sent
+        "encoder_bps": 4_418_750,  # 3 of the 5 Mbps in force were sent: rate-match gain 1.01
         "changed": True,
         "reason": "loss_backoff",
         "ladder_reason": "hold",
@@ -127,3 +130,30 @@ def test_control_step_record_carries_target_reasons_rung_and_signals() -> None:
         "capacity_bps": 5_000_000,  # the 25 % loss cut remembers where congestion was seen
         "app_limited": False,
     }
+
+
+def test_rate_match_gain_closes_the_gap_between_send_rate_and_target_within_bounds() -> None:
+    from streamer.control import RATE_MATCH_MAX_GAIN, rate_match_gain
+
+    # a one-frame VBV sends ~86 % of its bitrate: the gain rises 1 % a period, up to its cap
+    gains = [1.0]
+    for _ in range(30):
+        gains.append(rate_match_gain(gains[-1], 1_000_000, 860_000, app_limited=False))
+    assert gains[1] == 1.01 and gains[-1] == RATE_MATCH_MAX_GAIN == 1.2
+    assert all(b >= a for a, b in itertools.pairwise(gains))
+    # within 95-100 % of the target it holds; above the target it falls 3 % a period, never under 1
+    assert rate_match_gain(1.1, 1_000_000, 970_000, app_limited=False) == 1.1
+    assert rate_match_gain(1.1, 1_000_000, 1_050_000, app_limited=False) == 1.1 / 1.03
+    assert rate_match_gain(1.01, 1_000_000, 1_500_000, app_limited=False) == 1.0
+    # nothing to learn: no send rate, no target in force, or an application-limited encoder
+    for target, rate, limited in ((None, 500_000, False), (1_000_000, None, False), (1_000_000, 100_000, True)):
+        assert rate_match_gain(1.07, target, rate, app_limited=limited) == 1.07
+
+
+def test_the_encoder_gets_target_times_gain() -> None:
+    controller = StreamController(GAME_PROFILE, game_ladder(1280, 720, 30))
+    first = controller.update(Feedback(), 0)
+    assert (first.bitrate.target_bps, first.encoder_bps) == (5_000_000, 5_000_000)  # nothing measured yet
+    steps = [controller.update(Feedback(send_rate_bps=4_000_000), t) for t in range(200, 2_200, 200)]
+    ratios = [round(s.encoder_bps / s.bitrate.target_bps, 4) for s in steps]
+    assert ratios == [round(1.01**n, 4) for n in range(1, 11)]
