@@ -66,6 +66,7 @@ import json
 import math
 import os
 import queue
+import signal
 import subprocess
 import sys
 import tempfile
@@ -583,6 +584,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fixed-bps", type=int, default=6_000_000, help="bitrate of the fixed sender")
     parser.add_argument("--json", type=Path, help="write the raw per-run data here")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: every open Lab (namespaces, emulator, peers) is closed on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
     reason = "--no-lab given" if args.no_lab else unavailable_reason()
     use_lab = reason is None
