@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # measure this che
 
 import numpy as np
 
-from bench.common import machine_busy_cpu_s, print_table
+from bench.common import machine_busy_cpu_s, own_cpu_s, print_table
 from encoder.backends import Backend, backend_by_name
 from encoder.pattern import moving_pattern
 from encoder.probe import probe_all
@@ -167,11 +167,6 @@ def bench_live_changes(backend: Backend, frames_per_step: int) -> list[tuple[int
     return rows
 
 
-def _own_cpu_s() -> float:
-    own = os.times()
-    return own.user + own.system
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer frames (noisier numbers)")
@@ -179,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1: errors only on stderr
     frames = 60 if args.quick else 240
 
-    cpu_before, own_before = machine_busy_cpu_s(), _own_cpu_s()
+    cpu_before, own_before = machine_busy_cpu_s(), own_cpu_s()
     wall_before = time.perf_counter()
     probes = probe_all()
     available = [backend_by_name(p.name) for p in probes if p.ok]
@@ -275,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             ["target Mbps", "out/target", "keyframes"],
             [[f"{t / 1e6:g}", f"{acc:.2f}", str(k)] for t, acc, k in rows],
         )
-    cpu_after, own_after = machine_busy_cpu_s(), _own_cpu_s()
+    cpu_after, own_after = machine_busy_cpu_s(), own_cpu_s()
     if cpu_before is not None and cpu_after is not None:
         wall = time.perf_counter() - wall_before
         others = (cpu_after - cpu_before) - (own_after - own_before)

@@ -48,7 +48,6 @@ import asyncio
 import contextlib
 import json
 import os
-import resource
 import signal
 import sys
 import threading
@@ -60,7 +59,7 @@ from typing import Any, Final, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # measure this checkout's streamer
 
-from bench.common import print_table
+from bench.common import machine_busy_cpu_s, own_cpu_s, print_table
 from encoder import AIORTC_VIDEO_CODECS, EncoderConfig, ProbeResult, Selection, VideoEncoder, probe_all_async
 from encoder.backends import Backend
 from encoder.stats import percentile
@@ -201,25 +200,10 @@ def tree_cpu_seconds(roots: Sequence[int], stats: dict[int, tuple[int, float]] |
     return total
 
 
-def own_cpu_seconds() -> float:
-    """CPU seconds of this process, every thread included."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def machine_busy_seconds() -> float:
-    """Busy CPU seconds of the whole machine since boot, all cores (Linux /proc/stat)."""
-    with open("/proc/stat") as stat:
-        fields = [int(v) for v in stat.readline().split()[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]  # steal (the hypervisor's) not counted
-    return (user + nice + system + irq + softirq) / _CLK_TCK
-
-
 def _machine_cpu() -> tuple[float, float] | None:
     """(busy CPU seconds of the whole machine, CPU seconds of this process and its reaped children)."""
-    try:
-        busy = machine_busy_seconds()
-    except OSError:
+    busy = machine_busy_cpu_s()
+    if busy is None:
         return None
     own = os.times()
     return busy, own.user + own.system + own.children_user + own.children_system
@@ -631,12 +615,14 @@ def _check_running(stream: Stream) -> None:
 
 def _cpu_snapshot(streams: Sequence[Stream]) -> tuple[float, float, float, float, float]:
     """(this process, Xvfb servers, WM + app trees, viewer trees, whole machine busy) CPU seconds now."""
-    busy = machine_busy_seconds()
+    busy = machine_busy_cpu_s()
+    if busy is None:
+        raise BenchError("the machine's CPU time is read from /proc/stat (Linux only)")
     stats = _proc_stats()
     xvfb = [s.xvfb_pid for s in streams if s.xvfb_pid is not None]
     apps = [pid for s in streams for pid in s.app_pids]
     return (
-        own_cpu_seconds(),
+        own_cpu_s(),
         tree_cpu_seconds(xvfb, stats),
         tree_cpu_seconds(apps, stats),
         tree_cpu_seconds([s.viewer.pid for s in streams], stats),

@@ -10,14 +10,24 @@ import os
 
 
 def machine_busy_cpu_s() -> float | None:
-    """Busy CPU seconds of the whole machine since boot (all cores; idle and iowait excluded), Linux only."""
+    """Busy CPU seconds of the whole machine since boot, all cores (Linux /proc/stat; None elsewhere).
+
+    Busy = user + nice + system + irq + softirq: idle and iowait are not, nor is steal (time the
+    hypervisor gave to other guests).
+    """
     try:
         with open("/proc/stat") as stat:
             fields = [int(v) for v in stat.readline().split()[1:]]
     except OSError:
         return None
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    """CPU seconds (user + system, every thread) of this process."""
+    own = os.times()
+    return own.user + own.system
 
 
 def print_table(header: list[str], rows: list[list[str]]) -> None:
