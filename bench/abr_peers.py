@@ -58,6 +58,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,13 @@ def stdin_queue(loop: asyncio.AbstractEventLoop) -> asyncio.Queue[dict[str, Any]
 
     threading.Thread(target=read, name="stdin", daemon=True).start()
     return queue
+
+
+async def parent_signals(queue: asyncio.Queue[dict[str, Any] | None]) -> AsyncIterator[dict[str, Any]]:
+    """The ``sig`` payloads the parent relays, until it says stop or closes stdin."""
+    while (msg := await queue.get()) is not None and msg.get("cmd") != "stop":
+        if msg.get("sig"):
+            yield msg["sig"]
 
 
 # --- the picture ------------------------------------------------------------------------------
@@ -176,10 +184,9 @@ async def run_runtime_sender(args: argparse.Namespace) -> dict[str, Any]:
     emit({"ready": True})
     sampler = asyncio.ensure_future(sample())
     try:
-        while (msg := await queue.get()) is not None and msg.get("cmd") != "stop":
-            if "sig" in msg:
-                for reply in await runtime.handle_signal(msg["sig"]):
-                    emit({"sig": reply})
+        async for sig in parent_signals(queue):
+            for reply in await runtime.handle_signal(sig):
+                emit({"sig": reply})
         stats = runtime.stats()
     finally:
         sampler.cancel()
@@ -257,9 +264,8 @@ async def run_stock_sender(args: argparse.Namespace) -> dict[str, Any]:
     emit({"ready": True})
     sampler = asyncio.ensure_future(sample())
     try:
-        while (msg := await queue.get()) is not None and msg.get("cmd") != "stop":
-            sig = msg.get("sig")
-            if sig and sig.get("type") == "offer":
+        async for sig in parent_signals(queue):
+            if sig.get("type") == "offer":
                 await pc.setRemoteDescription(RTCSessionDescription(sdp=sig["sdp"], type="offer"))
                 pc.addTrack(track)
                 for transceiver in pc.getTransceivers():
@@ -343,11 +349,10 @@ async def run_viewer(args: argparse.Namespace) -> dict[str, Any]:
     emit({"sig": {"type": "offer", "sdp": pc.localDescription.sdp}})
     pinger = asyncio.ensure_future(ping())
     try:
-        while (msg := await queue.get()) is not None and msg.get("cmd") != "stop":
-            sig = msg.get("sig")
-            if sig and sig.get("type") == "answer":
+        async for sig in parent_signals(queue):
+            if sig.get("type") == "answer":
                 await pc.setRemoteDescription(RTCSessionDescription(sdp=sig["sdp"], type="answer"))
-            elif sig and sig.get("type") == "error":
+            elif sig.get("type") == "error":
                 log.error("sender refused the offer: %s", sig)
     finally:
         pinger.cancel()

@@ -336,7 +336,11 @@ def measure_path_rtt(
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100); None for no values."""
+    """Nearest-rank percentile (q in 0..100); None for no values.
+
+    Not ``encoder.stats.percentile``: unanswered pings count as ``inf``, and interpolating
+    between two of them gives nan; a nearest rank is a sample, so it stays ``inf``.
+    """
     if not values:
         return None
     ordered = sorted(values)
