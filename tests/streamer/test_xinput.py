@@ -10,7 +10,7 @@ import select
 import shutil
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ from Xlib import display as xdisplay
 from streamer.display import DisplayConfig, VirtualDisplay
 from streamer.inputs import KEYSYMS, Gamepad, InputEvent, Ping, PointerMove, Resize, parse_input
 from streamer.xinput import InjectError, XInjector
+from tests.streamer.viewer import until
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("Xvfb") is None, reason="Xvfb is not installed (Debian package xvfb)"),
@@ -293,7 +294,7 @@ async def test_clipboard_set_and_xclip_goes_with_the_display() -> None:
         finally:
             injector.close()
     # It exits when its X connection drops.
-    await _until(lambda: not _xclip_processes(display.name), "xclip outlived its display")
+    await until(lambda: not _xclip_processes(display.name), "xclip outlived its display")
 
 
 @pytest.mark.skipif(
@@ -311,7 +312,7 @@ async def test_typing_into_xterm_runs_a_command(tmp_path: Path) -> None:
     app = ("xterm", "-e", "sh", "-i")
     config = DisplayConfig(width=800, height=600, app=app, env=env)
     async with VirtualDisplay(config) as display:
-        await _until(lambda: ready.exists(), "the shell in xterm never started")
+        await until(lambda: ready.exists(), "the shell in xterm never started")
         await asyncio.to_thread(_wait_for_xterm_focus, display.name)
         injector = XInjector(display.name)
         try:
@@ -321,19 +322,11 @@ async def test_typing_into_xterm_runs_a_command(tmp_path: Path) -> None:
             for _attempt in range(3):
                 await asyncio.to_thread(_type_text, injector, f"\necho hello > {target}\n")
                 with contextlib.suppress(AssertionError):
-                    await _until(lambda: _read(target) == "hello\n", "", deadline_s=3.0)
+                    await until(lambda: _read(target) == "hello\n", "", deadline_s=3.0)
                     break
         finally:
             injector.close()
-        await _until(lambda: _read(target) == "hello\n", "the typed command never ran")
-
-
-async def _until(condition: Callable[[], bool], message: str, deadline_s: float = DEADLINE_S) -> None:
-    """Poll ``condition`` every 20 ms until it holds; fail with ``message`` after ``deadline_s``."""
-    deadline = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < deadline, message
-        await asyncio.sleep(0.02)
+        await until(lambda: _read(target) == "hello\n", "the typed command never ran")
 
 
 def _read(path: Path) -> str | None:
