@@ -97,6 +97,10 @@ SIGNAL_MAX_BYTES: Final = 64 * 1024  # an SDP with many candidates stays far bel
 
 # --- data channel (viewer <-> node) -------------------------------------------------
 INPUT_CHANNEL_LABEL: Final = "input"
+# A second, optional channel the viewer opens unordered with maxRetransmits 0: the node's delay
+# probes and their answers ("probe" / "pa").  Unreliable on purpose: a lost probe is just lost,
+# instead of holding the ones behind it until SCTP retransmits it.
+PROBE_CHANNEL_LABEL: Final = "probe"
 
 
 class InputType(StrEnum):
@@ -110,6 +114,9 @@ class InputType(StrEnum):
     CLIPBOARD = "cb"  # {"t":"cb","text":"..."} <= CLIPBOARD_MAX_CHARS
     RESIZE = "rs"  # {"t":"rs","w":...,"h":...} viewport size in pixels
     PING = "ping"  # {"t":"ping","id":n,"ts":ms} -> node answers "pong"
+    # {"t":"pa","id":n,"rx":packets,"rx_ms":ms,"fd":frames}: the answer to a "probe", on
+    # PROBE_CHANNEL_LABEL; "fd" (video frames decoded so far) is optional
+    PROBE_ACK = "pa"
 
 
 class NodeEventType(StrEnum):
@@ -120,6 +127,11 @@ class NodeEventType(StrEnum):
     CURSOR = "cur"  # {"t":"cur","x":0..1,"y":0..1,"visible":bool}
     WARNING = "warn"  # {"t":"warn","code":"ending_soon","detail":"...","ends_in_s":300}
     STATS = "stats"  # {"t":"stats", ...per-session stream stats}
+    # {"t":"probe","id":n} on PROBE_CHANNEL_LABEL: the node's delay probe (bitrate control); the
+    # viewer answers "pa" at once with the video RTP packets it has received ("rx", inbound-rtp
+    # packetsReceived), when it read that count ("rx_ms", its own monotonic clock) and, where it
+    # can tell, the frames it decoded ("fd", inbound-rtp framesDecoded)
+    PROBE = "probe"
 
 
 CLIPBOARD_MAX_CHARS: Final = 65_536

@@ -49,7 +49,7 @@ INPUT_MAX_BYTES: Final = 12 * CLIPBOARD_MAX_CHARS + 256
 RESIZE_MIN_PX: Final = 64
 RESIZE_MAX_WIDTH_PX: Final = 7680
 RESIZE_MAX_HEIGHT_PX: Final = 4320
-# Ping ids are the client's counter; 2**53 keeps them exact in JavaScript.
+# Ping ids are the client's counter (probe ids the node's); 2**53 keeps them exact in JavaScript.
 PING_MAX_ID: Final = 2**53 - 1
 # The longest KeyboardEvent.code we accept before looking it up.
 KEY_CODE_MAX_CHARS: Final = 32
@@ -144,7 +144,24 @@ class Ping:
     ts_ms: float  # the client's clock, echoed untouched
 
 
-InputEvent = PointerMove | PointerButton | Wheel | Key | Gamepad | Clipboard | Resize | Ping
+@dataclass(frozen=True, slots=True)
+class ProbeAck:
+    """The viewer's answer to the node's ``probe``: ``rx`` video RTP packets received, read at ``rx_ms``.
+
+    ``rx_ms`` is the viewer's own monotonic clock: only differences between two acks mean
+    anything (the node's bitrate control turns them into the viewer's receive rate).
+    ``frames_decoded`` (wire ``fd``, optional): video frames decoded by then, so the node can
+    tell a picture frozen on a lost packet while packets still arrive.
+    """
+
+    TYPE: ClassVar[InputType] = InputType.PROBE_ACK
+    id: int
+    rx_packets: int
+    rx_ms: float
+    frames_decoded: int | None = None
+
+
+InputEvent = PointerMove | PointerButton | Wheel | Key | Gamepad | Clipboard | Resize | Ping | ProbeAck
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,6 +347,13 @@ def _parse_object(msg: dict[str, object]) -> InputEvent:
             )
         case InputType.PING:
             return Ping(id=_integer(msg, "id", 0, PING_MAX_ID), ts_ms=_number(msg, "ts", 0.0, math.inf))
+        case InputType.PROBE_ACK:
+            return ProbeAck(
+                id=_integer(msg, "id", 0, PING_MAX_ID),
+                rx_packets=_integer(msg, "rx", 0, PING_MAX_ID),
+                rx_ms=_number(msg, "rx_ms", 0.0, math.inf),
+                frames_decoded=_integer(msg, "fd", 0, PING_MAX_ID) if "fd" in msg else None,
+            )
 
 
 def parse_input(raw: str | bytes) -> InputEvent | InputError:

@@ -12,7 +12,7 @@ one worker thread (``rb-input-<session>``), which owns the X connection and
 keeps arrival order; ``GameSource`` queues events for the frame thread, which
 owns the ``Game`` and applies them right before it renders the next frame.
 
-Invariants: ``handle`` never raises; pings and viewport resizes do not count
+Invariants: ``handle`` never raises; pings, probe answers and viewport resizes do not count
 as user activity (``last_input_ms``); events are injected in arrival order;
 ``close`` releases held keys and buttons before the X connection goes.
 """
@@ -32,7 +32,7 @@ import av
 from broker.protocol import NodeEventType
 from streamer.capture import CaptureStats, GameCapture
 from streamer.game import Game
-from streamer.inputs import Gamepad, InputCounters, InputError, InputEvent, Ping, Resize, parse_input
+from streamer.inputs import Gamepad, InputCounters, InputError, InputEvent, Ping, ProbeAck, Resize, parse_input
 from streamer.xinput import XInjector
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class InputRouter:
 
     Lives as long as the session (counters and ``last_input_ms`` survive
     reconnects).  ``last_input_ms`` (ms since the epoch) moves on user input
-    only: pings and viewport resizes are automatic, not activity.
+    only: pings, probe answers and viewport resizes are automatic, not activity.
     """
 
     def __init__(self, sink: InputSink, clock_ms: Callable[[], int] = wall_clock_ms) -> None:
@@ -78,6 +78,8 @@ class InputRouter:
             return
         if isinstance(result, Resize):
             return  # counted; the runtime streams at the session's size
+        if isinstance(result, ProbeAck):
+            return  # counted; probe answers belong on the probe channel (streamer.peer), not activity
         self.last_input_ms = self._clock_ms()
         try:
             self._sink.submit(result)

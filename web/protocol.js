@@ -80,6 +80,8 @@ export const SIGNAL_MAX_BYTES = 65536;
 
 export const INPUT_CHANNEL_LABEL = "input";
 
+export const PROBE_CHANNEL_LABEL = "probe";
+
 export const InputType = Object.freeze({
   "POINTER_MOVE": "pm",
   "POINTER_BUTTON": "pb",
@@ -88,7 +90,8 @@ export const InputType = Object.freeze({
   "GAMEPAD": "gp",
   "CLIPBOARD": "cb",
   "RESIZE": "rs",
-  "PING": "ping"
+  "PING": "ping",
+  "PROBE_ACK": "pa"
 });
 
 export const NodeEventType = Object.freeze({
@@ -96,7 +99,8 @@ export const NodeEventType = Object.freeze({
   "CLIPBOARD": "cb",
   "CURSOR": "cur",
   "WARNING": "warn",
-  "STATS": "stats"
+  "STATS": "stats",
+  "PROBE": "probe"
 });
 
 export const CLIPBOARD_MAX_CHARS = 65536;

@@ -25,6 +25,7 @@ from streamer.inputs import (
     Ping,
     PointerButton,
     PointerMove,
+    ProbeAck,
     Resize,
     Wheel,
     keysym_for_code,
@@ -51,6 +52,8 @@ ACCEPTED = [
     ({"t": "cb", "text": "x" * CLIPBOARD_MAX_CHARS}, Clipboard("x" * CLIPBOARD_MAX_CHARS)),
     ({"t": "rs", "w": 1920, "h": 1080}, Resize(1920, 1080)),
     ({"t": "ping", "id": 7, "ts": 1764700000000.5}, Ping(7, 1764700000000.5)),
+    ({"t": "pa", "id": 3, "rx": 1200, "rx_ms": 5123.25}, ProbeAck(3, 1200, 5123.25)),
+    ({"t": "pa", "id": 0, "rx": 0, "rx_ms": 0}, ProbeAck(0, 0, 0.0)),
     ({"t": "pm", "x": 0.5, "y": 0.5, "extra": "ignored"}, PointerMove(0.5, 0.5)),
 ]
 
@@ -117,6 +120,12 @@ REJECTED = [
     ('{"t":"ping","id":1,"ts":1e400}', DropReason.OUT_OF_RANGE),  # json reads it as inf
     ('{"t":"ping","id":1e400,"ts":1}', DropReason.BAD_FIELD_TYPE),
     ('{"t":"ping","id":' + "9" * 5000 + ',"ts":1}', DropReason.NOT_JSON),  # past int digit limit
+    ('{"t":"pa","id":1,"rx":-1,"rx_ms":0}', DropReason.OUT_OF_RANGE),
+    ('{"t":"pa","id":1,"rx":1.5,"rx_ms":0}', DropReason.BAD_FIELD_TYPE),
+    ('{"t":"pa","id":1,"rx":2,"rx_ms":-0.5}', DropReason.OUT_OF_RANGE),
+    ('{"t":"pa","id":1,"rx":2}', DropReason.MISSING_FIELD),
+    ('{"t":"pa","rx":2,"rx_ms":1}', DropReason.MISSING_FIELD),
+    ('{"t":"probe","id":1}', DropReason.UNKNOWN_TYPE),  # node -> viewer only
     ("x" * (INPUT_MAX_BYTES + 1), DropReason.TOO_LARGE),
     ("[" * 100_000, DropReason.NOT_JSON),  # deep nesting: RecursionError inside json
 ]

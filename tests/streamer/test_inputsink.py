@@ -33,13 +33,15 @@ def test_router_pings_counts_and_forwards() -> None:
     assert router.last_input_ms is None  # pings are not user activity
     router.handle('{"t":"rs","w":800,"h":600}', replies.append)
     assert router.last_input_ms is None and sink.events == []  # nor is a viewport resize
+    router.handle('{"t":"pa","id":1,"rx":10,"rx_ms":5}', replies.append)
+    assert router.last_input_ms is None and sink.events == []  # nor a probe answer on the wrong channel
     router.handle('{"t":"k","c":"KeyA","d":true}', replies.append)
     assert sink.events == [Key("KeyA", 0x61, True)] and router.last_input_ms == 1000
     for junk in ("nope", b"\xff\xfe", "[]", '{"t":"k","c":"NoSuchKey","d":true}', '{"t":"pm","x":2,"y":0}', "{}"):
         router.handle(junk, replies.append)
-    assert router.accepted == 4 and router.dropped == 6
+    assert router.accepted == 5 and router.dropped == 6
     snapshot = router.counters.snapshot()
-    assert snapshot["accepted"] == {"k": 1, "ping": 2, "rs": 1}
+    assert snapshot["accepted"] == {"k": 1, "pa": 1, "ping": 2, "rs": 1}
     assert sum(snapshot["dropped"].values()) == 6
     router.release_all()
     assert sink.releases == 1
