@@ -8,7 +8,11 @@ viewer's RTCP feedback (PLI/FIR, REMB, receiver reports) for the session's
 bitrate controller.
 
 The viewer is the offerer: it creates the ``broker.protocol.INPUT_CHANNEL_LABEL``
-data channel and a recvonly video transceiver; we answer.
+data channel and a recvonly video transceiver; we answer.  A viewer may also
+open ``PROBE_CHANNEL_LABEL`` (unordered, no retransmissions): the peer then
+sends a delay probe every ``streamer.probe.PROBE_INTERVAL_MS`` and hands the
+period's round-trip times and the viewer's receive rate to the controller
+with the RTCP feedback.
 
 aiortc seams used (aiortc 1.16 / aioice 0.13, no vendored copies):
 - Feedback: ``RTCDtlsTransport`` hands every RTCP packet addressed to a sender
@@ -21,7 +25,9 @@ aiortc seams used (aiortc 1.16 / aioice 0.13, no vendored copies):
   retransmission), then reports PLI/FIR, REMB and receiver reports to a
   ``FeedbackSink``.  ``RTCPeerConnection`` constructs its senders itself (no
   factory seam), so ``FeedbackSender.adopt`` re-classes the sender it made;
-  the subclass adds one attribute and no ``__init__`` state.
+  the subclass adds two attributes and no ``__init__`` state.  It also
+  overrides ``_retransmit(seq)`` (aiortc calls it for each NACKed sequence
+  number) to ask a ``streamer.rtx.RetransmitLimiter`` first.
 - Host candidates: aioice's ``Connection.gather_candidates`` lists interface
   addresses (skipping 127.0.0.1) and passes them to its public
   ``get_component_candidates(component, addresses)``.  ``AdvertisingConnection``
@@ -49,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, cast
@@ -82,8 +89,11 @@ from aiortc.rtp import (
 )
 from aiortc.sdp import SessionDescription, candidate_from_sdp
 
-from broker.protocol import INPUT_CHANNEL_LABEL
+from broker.protocol import INPUT_CHANNEL_LABEL, PROBE_CHANNEL_LABEL
+from streamer.inputs import ProbeAck, parse_input
 from streamer.inputsink import InputRouter
+from streamer.probe import PROBE_INTERVAL_MS, ProbeSample, ProbeTracker
+from streamer.rtx import RetransmitCounters, RetransmitLimiter
 
 log = logging.getLogger(__name__)
 
@@ -315,16 +325,28 @@ class FeedbackSender(RTCRtpSender):
     """``RTCRtpSender`` that also reports PLI/FIR, REMB and receiver reports (see module docstring)."""
 
     _feedback_sink: FeedbackSink | None = None
+    _retransmit_limiter: RetransmitLimiter | None = None
 
     @classmethod
-    def adopt(cls, sender: RTCRtpSender, sink: FeedbackSink) -> FeedbackSender:
-        """Turn the sender aiortc created into a ``FeedbackSender`` reporting to ``sink``."""
+    def adopt(
+        cls, sender: RTCRtpSender, sink: FeedbackSink, limiter: RetransmitLimiter | None = None
+    ) -> FeedbackSender:
+        """Turn the sender aiortc created into a ``FeedbackSender`` reporting to ``sink``.
+
+        ``limiter``: which NACKed packets to retransmit (``streamer.rtx``); None: all, as aiortc does.
+        """
         if type(sender) is not RTCRtpSender and not isinstance(sender, cls):
             raise TypeError(f"unexpected sender type {type(sender).__name__}")
         sender.__class__ = cls
         adopted = cast(FeedbackSender, sender)
         adopted._feedback_sink = sink
+        adopted._retransmit_limiter = limiter
         return adopted
+
+    async def _retransmit(self, sequence_number: int) -> None:
+        limiter = self._retransmit_limiter
+        if limiter is None or limiter.allow(sequence_number, _now_ms()):
+            await super()._retransmit(sequence_number)
 
     def detach_feedback(self) -> None:
         self._feedback_sink = None
@@ -358,7 +380,9 @@ class RemoteFeedback:
 
     ``report`` and ``rtt_ms`` are set only when a new receiver report arrived
     (so a controller never counts one report twice); ``remb_bps`` only when a
-    new REMB arrived.  ``bytes_sent`` is cumulative RTP payload bytes.
+    new REMB arrived.  ``bytes_sent`` is cumulative RTP payload bytes,
+    ``packets_sent`` cumulative RTP packets.  ``probe``: the period's delay
+    probes (``streamer.probe``); all None when the viewer opened no probe channel.
     """
 
     remb_bps: int | None
@@ -366,6 +390,8 @@ class RemoteFeedback:
     rtt_ms: float | None
     bytes_sent: int
     keyframe_requests: int  # PLI + FIR since the connection started
+    packets_sent: int = 0
+    probe: ProbeSample = ProbeSample(None, 0, None)
 
 
 class _FeedbackCollector:
@@ -419,6 +445,7 @@ class ViewerPeer:
         track: MediaStreamTrack,
         router: InputRouter,
         *,
+        target_bps: int,
         on_state: Callable[[ViewerPeer, str], None],
         on_channel_open: Callable[[ViewerPeer], None],
         on_keyframe_request: Callable[[], None],
@@ -431,6 +458,10 @@ class ViewerPeer:
         self._feedback = _FeedbackCollector(on_keyframe_request)
         self._sender: FeedbackSender | None = None
         self._channel: RTCDataChannel | None = None
+        self._probe_channel: RTCDataChannel | None = None
+        self._probes = ProbeTracker()
+        self._retransmits = RetransmitLimiter(target_bps)
+        self._probe_task: asyncio.Task[None] | None = None
         self._close_task: asyncio.Future[None] | None = None
         self.codec: str | None = None  # codec name the answer selected
         self.pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))
@@ -449,7 +480,7 @@ class ViewerPeer:
         """Apply the viewer's offer and return our answer SDP (candidates included)."""
         transceiver = self.pc.addTransceiver(self._track, direction="sendonly")
         transceiver.setCodecPreferences(codec_preferences(webrtc_codec))
-        self._sender = FeedbackSender.adopt(transceiver.sender, self._feedback)
+        self._sender = FeedbackSender.adopt(transceiver.sender, self._feedback, self._retransmits)
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
         if transceiver.mid is None:
             raise OfferError("no_video", "the offer's video section did not match our sending transceiver")
@@ -479,7 +510,7 @@ class ViewerPeer:
         """Feedback since the previous poll (see ``RemoteFeedback``)."""
         remb, report = self._feedback.take()
         rtt_ms: float | None = None
-        bytes_sent = 0
+        bytes_sent = packets_sent = 0
         if self._sender is not None:
             for stats in (await self._sender.getStats()).values():
                 if stats.type == "remote-inbound-rtp" and report is not None:
@@ -487,7 +518,20 @@ class ViewerPeer:
                     rtt_ms = rtt_s * 1000.0 if rtt_s is not None else None
                 elif stats.type == "outbound-rtp":
                     bytes_sent = int(stats.bytesSent)
-        return RemoteFeedback(remb, report, rtt_ms, bytes_sent, self._feedback.keyframe_requests)
+                    packets_sent = int(stats.packetsSent)
+        probe = self._probes.take(_now_ms())
+        rtt_now = probe.rtt_ms if probe.rtt_ms is not None else rtt_ms
+        if rtt_now is not None:
+            self._retransmits.rtt_ms = rtt_now
+        return RemoteFeedback(remb, report, rtt_ms, bytes_sent, self._feedback.keyframe_requests, packets_sent, probe)
+
+    def set_target(self, target_bps: int) -> None:
+        """The video target in force: the retransmission budget is a share of it."""
+        self._retransmits.target_bps = target_bps
+
+    @property
+    def retransmits(self) -> RetransmitCounters:
+        return self._retransmits.counters
 
     async def close(self) -> None:
         """Close the connection (stops the sender and its track).  Idempotent.
@@ -496,6 +540,8 @@ class ViewerPeer:
         closed (its ``close`` cannot be resumed by a second call).
         """
         if self._close_task is None:
+            if self._probe_task is not None:
+                self._probe_task.cancel()
             if self._sender is not None:
                 self._sender.detach_feedback()
             self._router.release_all()
@@ -508,6 +554,12 @@ class ViewerPeer:
         self._on_state(self, self.connection_state)
 
     def _datachannel(self, channel: RTCDataChannel) -> None:
+        if channel.label == PROBE_CHANNEL_LABEL and self._probe_channel is None:
+            self._probe_channel = channel
+            channel.on("message", self._probe_answer)
+            if self._probe_task is None and self._close_task is None:
+                self._probe_task = asyncio.ensure_future(self._send_probes(channel))
+            return
         if channel.label != INPUT_CHANNEL_LABEL:
             log.info("ignoring data channel %r (only %r carries input)", channel.label, INPUT_CHANNEL_LABEL)
             return
@@ -520,3 +572,24 @@ class ViewerPeer:
 
     def _message(self, raw: str | bytes) -> None:
         self._router.handle(raw, self.send_event)
+
+    def _probe_answer(self, raw: str | bytes) -> None:
+        ack = parse_input(raw)
+        if isinstance(ack, ProbeAck):
+            self._probes.answer(ack, _now_ms())
+        else:
+            log.debug("ignoring %r on the probe channel", raw[:80])
+
+    async def _send_probes(self, channel: RTCDataChannel) -> None:
+        """A probe every ``PROBE_INTERVAL_MS`` while the probe channel is open (ends with it)."""
+        try:
+            while channel.readyState in ("connecting", "open"):
+                if channel.readyState == "open":
+                    channel.send(json.dumps(self._probes.probe(_now_ms()), separators=(",", ":")))
+                await asyncio.sleep(PROBE_INTERVAL_MS / 1000.0)
+        except Exception as exc:  # the SCTP association is closing under us
+            log.debug("probe channel ended: %r", exc)
+
+
+def _now_ms() -> float:
+    return time.monotonic() * 1000.0
