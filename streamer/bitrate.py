@@ -98,6 +98,46 @@ DELAY_BACKOFF_PERCENT = 85  # GCC: cut to 85 % of the rate the path carried
 # step down on a target that a REMB computed from our own low traffic pulled down.
 APP_LIMITED_PERCENT = 50
 
+# --- fast feedback: the viewer's answers to delay probes (streamer.probe) ------------------
+# A probe round trip each period (the lowest of the period's probes) and the viewer's receive
+# rate.  While they arrive ("fast mode": a probe RTT within FAST_FEEDBACK_STALE_MS) the
+# controller reads queues from them instead of waiting for RTCP's one report a second, so it
+# can ramp faster; cuts go to 90 % of what the viewer receives (less for a big queue).
+FAST_FEEDBACK_STALE_MS = 1_000
+# ... and the viewer's REMB is left out: aiortc's lagged the probes by 2-5 s after a capacity
+# drop (measured, bench/bench_abr.py), holding the target under 75 % of the path meanwhile.
+PROBE_RISE_MIN_MS = 20.0  # probe RTT above baseline + max(this, RTT_RISE_FRACTION * baseline,
+PROBE_NOISE_FACTOR = 4.0  # this * the probe RTT's noise) is "high"
+PROBE_NOISE_GAIN = 1 / 8  # noise: moving average of |RTT - previous RTT| (RFC 3550's jitter gain is 1/16)
+# Factor 4, not 2: on a 30 +- 15 ms path (the period's lowest of 4 probes, simulated) factor 2
+# cut falsely 3.7 times in 20 s, factor 4 0.2 times; a queue growing 10 ms a period is still
+# caught on its 4th period either way (the 20 ms floor binds on a clean path).
+# A high sample that fell this much below the previous one is a queue draining (after a cut),
+# not building: it holds the ramp but does not count towards another cut.
+PROBE_DRAIN_FALL_MS = 5.0
+# The viewer receives under this share of the send rate: the path carries less than we send.
+RECV_SHORTFALL_PERCENT = 80
+RECV_SEVERE_PERCENT = 50  # under this share, one sample is enough to cut (a capacity drop)
+# A probe RTT above baseline + this many thresholds cuts at once (a queue that high is no noise).
+PROBE_SEVERE_THRESHOLDS = 2
+FAST_MULTIPLICATIVE_INCREASE_PER_S = 1.5  # fast mode, far from the known capacity
+FAST_NEAR_INCREASE_PER_S = 1.15  # fast mode, near it (replaces the additive increase)
+# A receiver report covers the last 0.5-1.5 s: in fast mode the loss it reports within this
+# long after a cut is the loss that cut already answered, not a reason for another.
+LOSS_REPORT_SPAN_MS = 1_500
+# Fast mode: the ramp never takes the target past this share of what the viewer receives
+# (the encoder and the send rate lag the target; a target far ahead of them overshoots the
+# path by the time they catch up).
+FAST_RAMP_RECV_PERCENT = 120
+# A fast-mode cut goes under FAST_BACKOFF_PERCENT of the carried rate when the queue the probes
+# show would take longer than this to drain at it (a full 100 ms queue: 80 %), never under 50 %.
+DRAIN_TARGET_MS = 500
+MIN_DRAIN_PERCENT = 50
+# ... and to 90 %, not 85, when the queue is small: the probes catch it early, and a shallower
+# cut keeps more of the path in use (ABR lab, 8 Mbps: 85 % cuts every few seconds held the
+# goodput at 82-84 % of the capacity).
+FAST_BACKOFF_PERCENT = 90
+
 # --- hold after a cut -------------------------------------------------------------------
 MIN_HOLD_MS = 300  # hold for max(MIN_HOLD_MS, RTT) after a cut before increasing again
 
@@ -119,10 +159,12 @@ class BitrateReason(StrEnum):
 
     START = "start"  # first decision: the profile's start bitrate
     HOLD = "hold"  # unchanged: in a post-cut hold, loss 2-10 %, or a delay sample is high
-    RAMP_MULTIPLICATIVE = "ramp_multiplicative"  # +8 %/s, far from the known capacity
+    RAMP_MULTIPLICATIVE = "ramp_multiplicative"  # +8 %/s (fast mode +25 %/s), far from the known capacity
     RAMP_ADDITIVE = "ramp_additive"  # ~one packet per response time, near the capacity
+    RAMP_NEAR = "ramp_near"  # fast mode, near the capacity: +8 %/s (probes catch an overshoot at once)
     DELAY_BACKOFF = "delay_backoff"  # jitter/RTT rose above baseline for several samples
     LOSS_BACKOFF = "loss_backoff"  # loss > 10 %: rate *= (1 - 0.5 * loss)
+    RECV_SHORTFALL = "recv_shortfall"  # the viewer receives well under the send rate: cut to 90 % of it
     REMB_CAP = "remb_cap"  # limited by the viewer's REMB (headroom after a fall, else the probe ceiling)
     MIN_CLAMP = "min_clamp"  # raised to the profile minimum
     MAX_CLAMP = "max_clamp"  # limited to the profile maximum
@@ -155,7 +197,9 @@ class Feedback:
     interval. cumulative_lost: the report's cumulative packets lost (may go negative with
     duplicates; reported as a delta in the signals, not used for control). jitter_ms: the
     report's interarrival jitter in milliseconds. rtt_ms: round-trip time in
-    milliseconds. send_rate_bps: the sender's own measured send rate.
+    milliseconds. send_rate_bps: the sender's own measured send rate. probe_rtt_ms: the
+    lowest round trip of the period's delay probes; recv_rate_bps: the rate the viewer
+    received video at, from its probe answers (both from ``streamer.probe``).
     """
 
     remb_bps: int | None = None
@@ -164,11 +208,13 @@ class Feedback:
     jitter_ms: float | None = None
     rtt_ms: float | None = None
     send_rate_bps: int | None = None
+    probe_rtt_ms: float | None = None
+    recv_rate_bps: int | None = None
 
     def __post_init__(self) -> None:
         if self.fraction_lost is not None and not 0 <= self.fraction_lost <= 255:
             raise ValueError("fraction_lost is RTCP's 0-255 fixed point")
-        for name in ("remb_bps", "send_rate_bps", "jitter_ms", "rtt_ms"):
+        for name in ("remb_bps", "send_rate_bps", "jitter_ms", "rtt_ms", "probe_rtt_ms", "recv_rate_bps"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -190,6 +236,12 @@ class BitrateSignals:
     rtt_baseline_ms: float | None
     delay_high_samples: int
     capacity_bps: int | None
+    probe_rtt_ms: float | None = None
+    probe_rtt_baseline_ms: float | None = None
+    probe_threshold_ms: float | None = None  # above baseline + this, a probe RTT is "high"
+    probe_high_samples: int = 0
+    recv_rate_bps: int | None = None
+    fast: bool = False  # probe answers arrive: fast mode
     # The fresh send rate was under APP_LIMITED_PERCENT of the target in force while it was
     # measured: the encoder does not use the bits it has (simple content), so a low REMB
     # reflects our low traffic rather than the path.
@@ -223,6 +275,14 @@ class BitrateState:
     delay_high_samples: int = 0
     remb_peak_bps: int | None = None
     remb_fall_ms: int | None = None
+    probe_rtt_ms: float | None = None
+    probe_minima: tuple[tuple[int, float], ...] = ()
+    probe_noise_ms: float = 0.0
+    probe_high_samples: int = 0
+    probe_seen_ms: int | None = None
+    recv_rate_bps: int | None = None
+    shortfall_samples: int = 0
+    last_cut_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,37 +370,82 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
     if fresh_delay:
         delay_high_samples = delay_high_samples + 1 if high else 0
 
+    # -- fast feedback: probe round trips and the viewer's receive rate ---------------------
+    probe = _probe_signal(state, feedback.probe_rtt_ms, now_ms)
+    fast = probe.seen_ms is not None and now_ms - probe.seen_ms <= FAST_FEEDBACK_STALE_MS
+    recv_rate = feedback.recv_rate_bps if feedback.recv_rate_bps is not None else state.recv_rate_bps
+    # the send rate is a path's measure only while the encoder uses its bits (not app-limited)
+    path_limited = send_rate is not None and send_rate * 100 >= state.target_bps * APP_LIMITED_PERCENT
+    shortfall_samples = state.shortfall_samples
+    severe = False
+    if feedback.recv_rate_bps is not None and send_rate is not None and send_rate > 0 and path_limited:
+        # against the lower of the send rate and the target: the send rate is a second's average,
+        # still high for a second after a cut that the viewer's rate already shows
+        sent = min(send_rate, state.target_bps)
+        short = feedback.recv_rate_bps * 100 < sent * RECV_SHORTFALL_PERCENT
+        severe = feedback.recv_rate_bps * 100 < sent * RECV_SEVERE_PERCENT
+        shortfall_samples = shortfall_samples + 1 if short else 0
+
     # -- candidate target -------------------------------------------------------------------
     target = state.target_bps
     capacity = state.capacity_bps
     hold_until = state.hold_until_ms
+    last_cut_ms = state.last_cut_ms
     in_hold = hold_until is not None and now_ms < hold_until
     reason: BitrateReason
     if not state.started:
         candidate, reason = profile.start_bps, BitrateReason.START
     else:
         cuts: list[tuple[int, BitrateReason, int]] = []  # (new target, reason, congested rate)
-        if fresh_loss and loss_ratio > LOSS_DECREASE_MIN_RATIO and not in_hold:
+        # fast mode: a report's loss from before the last cut was answered by that cut
+        answered = fast and state.last_cut_ms is not None and now_ms - state.last_cut_ms < LOSS_REPORT_SPAN_MS
+        if fresh_loss and loss_ratio > LOSS_DECREASE_MIN_RATIO and not in_hold and not answered:
             # rate *= (1 - 0.5 * loss), with loss = fraction_lost / 256, in exact integers
             cut = target * (2 * FRACTION_LOST_SCALE - fraction_lost) // (2 * FRACTION_LOST_SCALE)
             cuts.append((cut, BitrateReason.LOSS_BACKOFF, target))
-        if fresh_delay and delay_high_samples >= DELAY_OVERUSE_SAMPLES and not in_hold:
-            carried = target
-            if send_rate is not None and send_rate * 100 >= target * APP_LIMITED_PERCENT:
-                carried = min(target, send_rate)
-            cuts.append((carried * DELAY_BACKOFF_PERCENT // 100, BitrateReason.DELAY_BACKOFF, carried))
+        # what the path carried: the viewer's receive rate where known, else our send rate
+        carried = target
+        if path_limited and send_rate is not None:
+            carried = min(target, recv_rate if fast and recv_rate is not None else send_rate)
+        # fast mode: the probes are the delay signal; the receiver reports' RTT and jitter are
+        # a second old (after a cut they still show the queue the cut is draining)
+        if fast:
+            delay_cut = probe.fresh and (probe.high_samples >= DELAY_OVERUSE_SAMPLES or probe.severe)
+            percent = _drain_percent(probe)
+        else:
+            delay_cut = fresh_delay and delay_high_samples >= DELAY_OVERUSE_SAMPLES
+            percent = DELAY_BACKOFF_PERCENT
+        if delay_cut and not in_hold:
+            cuts.append((carried * percent // 100, BitrateReason.DELAY_BACKOFF, carried))
+        # no hold for this one: it compares the viewer's rate with the target in force, so after
+        # a cut it fires again only if the viewer gets less still (a cut that was not deep enough)
+        if (severe or shortfall_samples >= DELAY_OVERUSE_SAMPLES) and recv_rate is not None:
+            received = min(target, recv_rate)
+            cuts.append((received * _drain_percent(probe) // 100, BitrateReason.RECV_SHORTFALL, received))
+        # fast mode: loss without a queue (the probes see none) is the path's, not congestion
+        loss_holds = loss_ratio >= LOSS_INCREASE_MAX_RATIO and not fast
+        if fast:
+            delay_high_samples = 0
         if cuts:
             candidate, reason, capacity = min(cuts, key=lambda c: c[0])
+            last_cut_ms = now_ms
             hold_until = now_ms + max(MIN_HOLD_MS, int(rtt or 0))
-            delay_high_samples = 0  # this congestion event is answered; a new one must persist
-        elif in_hold or loss_ratio >= LOSS_INCREASE_MAX_RATIO or delay_high_samples > 0:
+            # this congestion event is answered; a new one must persist
+            delay_high_samples = shortfall_samples = 0
+            probe = replace(probe, high_samples=0)
+        elif in_hold or loss_holds or delay_high_samples > 0 or (fast and (probe.high or shortfall_samples > 0)):
             candidate, reason = target, BitrateReason.HOLD
         else:
-            candidate, reason, capacity = _ramp(state, rtt, now_ms)
+            candidate, reason, capacity = _ramp(state, rtt, now_ms, fast)
+            if fast and recv_rate is not None and path_limited:
+                candidate = max(target, min(candidate, recv_rate * FAST_RAMP_RECV_PERCENT // 100))
+                if candidate == target:  # the viewer's rate caps the ramp where it is
+                    reason = BitrateReason.HOLD
 
-    # -- caps: REMB (headroom after a fall, else the probe ceiling), then the profile's bounds
+    # -- caps: REMB (headroom after a fall, else the probe ceiling; not in fast mode: the
+    # probes show the path's queue directly and sooner), then the profile's bounds
     trusted = remb_fall_ms is not None and now_ms - remb_fall_ms < REMB_TRUST_MS
-    remb_cap = remb_cap_bps(remb, trusted) if remb is not None else None
+    remb_cap = remb_cap_bps(remb, trusted) if remb is not None and not fast else None
     if remb_cap is not None and candidate > remb_cap:
         candidate, reason = remb_cap, BitrateReason.REMB_CAP
     if candidate < profile.min_bps:
@@ -366,6 +471,14 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
         delay_high_samples=delay_high_samples,
         remb_peak_bps=remb_peak,
         remb_fall_ms=remb_fall_ms,
+        probe_rtt_ms=probe.rtt_ms,
+        probe_minima=probe.minima,
+        probe_noise_ms=probe.noise_ms,
+        probe_high_samples=probe.high_samples,
+        probe_seen_ms=probe.seen_ms,
+        recv_rate_bps=recv_rate,
+        shortfall_samples=shortfall_samples,
+        last_cut_ms=last_cut_ms,
     )
     signals = BitrateSignals(
         remb_bps=remb,
@@ -380,6 +493,12 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
         rtt_baseline_ms=rtt_minima[0][1] if rtt_minima else None,
         delay_high_samples=delay_high_samples,
         capacity_bps=capacity,
+        probe_rtt_ms=probe.rtt_ms,
+        probe_rtt_baseline_ms=probe.minima[0][1] if probe.minima else None,
+        probe_threshold_ms=probe.threshold_ms,
+        probe_high_samples=probe.high_samples,
+        recv_rate_bps=recv_rate,
+        fast=fast,
         app_limited=(
             state.started
             and feedback.send_rate_bps is not None
@@ -395,8 +514,83 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
     )
 
 
-def _ramp(state: BitrateState, rtt_ms: float | None, now_ms: int) -> tuple[int, BitrateReason, int | None]:
+@dataclass(frozen=True, slots=True)
+class _ProbeSignal:
+    """The probe RTT signal after one update (see `_probe_signal`)."""
+
+    rtt_ms: float | None
+    minima: tuple[tuple[int, float], ...]
+    noise_ms: float
+    threshold_ms: float | None
+    high: bool  # the latest sample is above baseline + threshold
+    severe: bool  # ... above baseline + PROBE_SEVERE_THRESHOLDS thresholds, and not draining
+    high_samples: int  # consecutive high samples that were not a queue draining
+    seen_ms: int | None
+    fresh: bool  # a sample arrived in this update
+
+
+def _probe_signal(state: BitrateState, rtt_ms: float | None, now_ms: int) -> _ProbeSignal:
+    """Fold a probe RTT sample in: baseline (windowed minimum), noise, threshold, high count.
+
+    The threshold follows the path's own noise: on a jittery path the lowest of a period's
+    probes still moves by tens of milliseconds without any queue, so a fixed threshold would
+    cut on jitter.  A sample is judged against the noise before it, and adds its change to the
+    noise clipped at the threshold (a queue's jump must not raise the bar for the next ones
+    much).  A high sample that fell by PROBE_DRAIN_FALL_MS or more since the previous
+    one is a queue draining: it does not count towards a cut (the previous cut works).
+    """
+    if rtt_ms is None:  # no sample: the latest one still says whether the queue is up
+        latest, minima, noise = state.probe_rtt_ms, state.probe_minima, state.probe_noise_ms
+        if latest is None or not minima:
+            return _ProbeSignal(None, minima, noise, None, False, False, 0, state.probe_seen_ms, False)
+        threshold = _probe_threshold(minima[0][1], noise)
+        high = latest > minima[0][1] + threshold
+        high_samples, seen_ms = state.probe_high_samples, state.probe_seen_ms
+        return _ProbeSignal(latest, minima, noise, threshold, high, False, high_samples, seen_ms, False)
+    minima = _push_minimum(state.probe_minima, now_ms, rtt_ms)
+    base = minima[0][1]
+    threshold = _probe_threshold(base, state.probe_noise_ms)
+    high = rtt_ms > base + threshold
+    noise = state.probe_noise_ms
+    previous = state.probe_rtt_ms
+    if previous is not None:
+        noise += (min(abs(rtt_ms - previous), threshold) - noise) * PROBE_NOISE_GAIN
+    draining = previous is not None and rtt_ms <= previous - PROBE_DRAIN_FALL_MS
+    if not high:
+        high_samples = 0
+    elif draining:
+        high_samples = state.probe_high_samples
+    else:
+        high_samples = state.probe_high_samples + 1
+    severe = rtt_ms > base + PROBE_SEVERE_THRESHOLDS * threshold and not draining
+    return _ProbeSignal(rtt_ms, minima, noise, threshold, high, severe, high_samples, now_ms, True)
+
+
+def _drain_percent(probe: _ProbeSignal) -> int:
+    """How far under the carried rate a fast-mode cut goes: 90 %, or lower to drain a big queue.
+
+    Sending at r x capacity drains a queue of q ms in q / (1 - r) ms; the cut takes r so that
+    the queue the latest probe shows drains within `DRAIN_TARGET_MS` (never under 50 %).
+    """
+    if probe.rtt_ms is None or not probe.minima:
+        return DELAY_BACKOFF_PERCENT
+    queue_ms = max(0.0, probe.rtt_ms - probe.minima[0][1])
+    drain = int(100 - 100 * queue_ms / DRAIN_TARGET_MS)
+    return max(MIN_DRAIN_PERCENT, min(FAST_BACKOFF_PERCENT, drain))
+
+
+def _probe_threshold(base_ms: float, noise_ms: float) -> float:
+    return max(PROBE_RISE_MIN_MS, RTT_RISE_FRACTION * base_ms, PROBE_NOISE_FACTOR * noise_ms)
+
+
+def _ramp(
+    state: BitrateState, rtt_ms: float | None, now_ms: int, fast: bool = False
+) -> tuple[int, BitrateReason, int | None]:
     """Increase for the time since the previous update (post-hold time only, <= 1 s).
+
+    In fast mode (probe answers arrive) the increase is multiplicative everywhere:
+    FAST_MULTIPLICATIVE_INCREASE_PER_S far from the known capacity, FAST_NEAR_INCREASE_PER_S
+    near it -- an overshoot shows in the next probes, not a second later.
 
     Returns (candidate, reason, capacity): the capacity is forgotten once the target has
     grown past its near band (the path evidently carries more now).
@@ -410,7 +604,11 @@ def _ramp(state: BitrateState, rtt_ms: float | None, now_ms: int) -> tuple[int, 
     if elapsed_ms <= 0:
         return target, BitrateReason.HOLD, capacity
     near = capacity is not None and target * 100 >= capacity * (100 - NEAR_CAPACITY_PERCENT)
-    if near:
+    if fast:
+        per_s = FAST_NEAR_INCREASE_PER_S if near else FAST_MULTIPLICATIVE_INCREASE_PER_S
+        new_target = target + max(int((per_s ** (elapsed_ms / 1000) - 1) * target), MIN_MULTIPLICATIVE_INCREASE_BPS)
+        reason = BitrateReason.RAMP_NEAR if near else BitrateReason.RAMP_MULTIPLICATIVE
+    elif near:
         response_time_ms = int(rtt_ms if rtt_ms is not None else DEFAULT_RTT_MS) + RESPONSE_TIME_EXTRA_MS
         rate_bps_per_s = max(MIN_ADDITIVE_INCREASE_BPS_PER_S, PACKET_SIZE_BITS * 1000 // response_time_ms)
         new_target = target + elapsed_ms * rate_bps_per_s // 1000
@@ -424,9 +622,7 @@ def _ramp(state: BitrateState, rtt_ms: float | None, now_ms: int) -> tuple[int, 
     return new_target, reason, capacity
 
 
-def _push_minimum(
-    minima: tuple[tuple[int, float], ...], now_ms: int, value: float
-) -> tuple[tuple[int, float], ...]:
+def _push_minimum(minima: tuple[tuple[int, float], ...], now_ms: int, value: float) -> tuple[tuple[int, float], ...]:
     """Add a sample to a monotonic windowed-minimum queue; the front is the minimum.
 
     Drops entries older than BASELINE_WINDOW_MS and entries not below the new value

@@ -101,6 +101,11 @@ class ControlStep:
             "lost_packets_delta": s.lost_packets_delta,
             "capacity_bps": s.capacity_bps,
             "app_limited": s.app_limited,
+            "fast": s.fast,
+            "probe_rtt_ms": _round(s.probe_rtt_ms),
+            "probe_rtt_baseline_ms": _round(s.probe_rtt_baseline_ms),
+            "probe_threshold_ms": _round(s.probe_threshold_ms),
+            "recv_rate_bps": s.recv_rate_bps,
         }
 
 

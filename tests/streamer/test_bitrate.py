@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+import streamer.bitrate as bitrate_module
 from streamer.bitrate import (
     DESKTOP_PROFILE,
     GAME_PROFILE,
@@ -406,3 +407,129 @@ def test_send_rate_far_below_the_target_marks_the_decision_app_limited() -> None
     # The flag only describes; the target follows the same rules as before: here a first REMB above
     # the send rate (a measurement of our own traffic, not a fall) is a probe ceiling of 120 %.
     assert (decisions[-1].target_bps, decisions[-1].reason) == (240_000, "remb_cap")
+
+
+# --- fast mode: delay probes and the viewer's receive rate ---------------------------------
+
+
+def fast(rtt: float = 20.0, rate: int | None = 1_000_000, recv: int | None = None, **kw: object) -> Feedback:
+    """A period with probe answers: probe RTT, send rate, the viewer's receive rate (default = send)."""
+    return Feedback(probe_rtt_ms=rtt, send_rate_bps=rate, recv_rate_bps=recv if recv is not None else rate, **kw)  # type: ignore[arg-type]
+
+
+def test_fast_mode_ramps_50_percent_a_second_and_ignores_the_remb() -> None:
+    # Far from any known capacity: x1.5 per second, in 200 ms steps (1.5 ** 0.2 each).  A REMB
+    # of 1.1 Mbps would cap at 1.32 Mbps (probe ceiling) without probes; with them it does not bind.
+    # The viewer keeps up: each period it receives what the previous target sent.
+    decisions = run([(0, fast())])
+    for t in range(200, 1_200, 200):
+        previous = decisions[-1].target_bps
+        step = fast(rate=previous, recv=previous, remb_bps=1_100_000)
+        decisions += run([(t, step)], decisions[-1].state)
+    assert all(d.signals.fast for d in decisions)
+    assert all(d.signals.remb_cap_bps is None for d in decisions)
+    assert reasons(decisions)[1:] == ["ramp_multiplicative"] * 5
+    assert targets(decisions)[-1] == pytest.approx(1_500_000, rel=1e-4)
+
+
+def test_fast_ramp_never_runs_more_than_20_percent_ahead_of_what_the_viewer_receives() -> None:
+    # The viewer gets 600 kbps of a 1 Mbps target (the encoder lags): the ramp stops at 720 kbps
+    # = 120 % of it, which is under the target in force, so the target holds where it is.
+    decisions = run([(0, fast()), (1_000, fast(rate=900_000, recv=600_000))])
+    assert decisions[-1].target_bps == 1_000_000
+    decisions = run([(0, fast()), (1_000, fast(rate=1_000_000, recv=1_100_000))])
+    assert decisions[-1].target_bps == 1_320_000  # 1.5 Mbps capped at 120 % of 1.1 Mbps
+
+
+def test_probe_rtt_rise_cuts_to_90_percent_of_the_received_rate_after_two_samples() -> None:
+    steps = [(0, fast()), (200, fast()), (400, fast(rtt=45.0)), (600, fast(rtt=50.0, recv=900_000))]
+    decisions = run(steps)
+    # baseline 20 ms, threshold 20 ms: 45 is high (hold), 50 is high again and still rising: cut.
+    assert reasons(decisions)[2:] == ["hold", "delay_backoff"]
+    assert decisions[-1].target_bps == 900_000 * 90 // 100  # a 30 ms queue drains in 300 ms at 90 %
+    assert decisions[-1].signals.probe_rtt_baseline_ms == 20.0
+    assert decisions[-1].signals.probe_threshold_ms == 20.0
+
+
+@pytest.mark.parametrize(("rtt", "percent"), [(70.0, 90), (120.0, 80), (270.0, 50), (600.0, 50)])
+def test_a_severe_probe_rtt_cuts_at_once_deeper_for_a_bigger_queue(rtt: float, percent: int) -> None:
+    # > baseline + 2 thresholds (60 ms) cuts on the first sample; the cut leaves the queue the probe
+    # shows (rtt - 20 ms) 500 ms to drain: 100 ms of queue -> 80 %, never under 50 %.
+    decisions = run([(0, fast()), (200, fast()), (400, fast(rtt=rtt))])
+    assert (decisions[-1].reason, decisions[-1].target_bps) == ("delay_backoff", 1_000_000 * percent // 100)
+
+
+def test_a_draining_queue_does_not_cut_again_and_holds_the_ramp() -> None:
+    steps = [(0, fast()), (200, fast()), (400, fast(rtt=120.0))]  # severe: cut to 800_000
+    steps += [(t, fast(rtt=rtt, rate=800_000)) for t, rtt in ((600, 110.0), (800, 95.0), (1_000, 80.0), (1_200, 62.0))]
+    decisions = run(steps)
+    assert reasons(decisions)[2:] == ["delay_backoff", "hold", "hold", "hold", "hold"]
+    assert targets(decisions)[-1] == 800_000
+    # the queue stops draining (RTT no longer falls) while still high: two such samples cut again
+    more = run([(1_400, fast(rtt=64.0, rate=800_000)), (1_600, fast(rtt=66.0, rate=800_000))], decisions[-1].state)
+    assert reasons(more) == ["hold", "delay_backoff"]
+
+
+def test_probe_noise_raises_the_threshold_so_jitter_alone_never_cuts(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A jittery path without a queue: 30 +- 15 ms each way (uniform), RTT 60 +- 30 ms; each
+    # period reports the lowest of its 4 probes.  The threshold follows 4 x the mean
+    # sample-to-sample change, so for 20 s no sample pair cuts, and the ramp goes on between
+    # the high samples.  With the noise term left out (the 20 ms floor only) the same
+    # samples cut many times.
+    rng = random.Random(5)
+    rtts = [min(60.0 + rng.uniform(-15, 15) + rng.uniform(-15, 15) for _ in range(4)) for _ in range(100)]
+    steps = [(200 * i, fast(rtt=rtt, rate=None)) for i, rtt in enumerate(rtts)]
+    decisions = run(steps)
+    assert "delay_backoff" not in reasons(decisions)
+    threshold = decisions[-1].signals.probe_threshold_ms
+    assert threshold is not None and threshold > 25.0
+    assert targets(decisions)[-1] > 2_000_000
+    monkeypatch.setattr(bitrate_module, "PROBE_NOISE_FACTOR", 0.0)
+    assert reasons(run(steps)).count("delay_backoff") >= 3
+
+
+@pytest.mark.parametrize(
+    ("recvs", "expected"),
+    [
+        ((490_000,), [("recv_shortfall", 490_000 * 90 // 100)]),  # < 50 % of what we send: at once
+        # (the target is 1_084_471 by then: one 200 ms step of the x1.5/s ramp from 1 Mbps)
+        ((700_000, 700_000), [("hold", 1_084_471), ("recv_shortfall", 700_000 * 90 // 100)]),  # < 80 %: twice
+        ((700_000, 1_000_000), [("hold", 1_084_471), ("ramp_multiplicative", 1_176_078)]),  # once is noise
+    ],
+)
+def test_the_viewer_receiving_less_than_we_send_cuts_to_what_it_receives(
+    recvs: tuple[int, ...], expected: list[tuple[str, int]]
+) -> None:
+    steps = [(0, fast()), (200, fast())] + [(400 + 200 * i, fast(recv=r)) for i, r in enumerate(recvs)]
+    decisions = run(steps)[2:]
+    assert [(str(d.reason), d.target_bps) for d in decisions] == expected
+
+
+def test_after_a_shortfall_cut_only_a_further_shortfall_cuts_again() -> None:
+    # The send rate is a window's average and stays high after the cut; the reference is the
+    # lower of it and the target, so a viewer receiving what the new target sends is fine.
+    first = run([(0, fast()), (200, fast()), (400, fast(recv=400_000))])
+    assert first[-1].target_bps == 360_000
+    later = run([(600, fast(rate=900_000, recv=330_000)), (800, fast(rate=800_000, recv=150_000))], first[-1].state)
+    assert [(str(d.reason), d.target_bps) for d in later] == [("hold", 360_000), ("recv_shortfall", 135_000)]
+
+
+def test_fast_mode_loss_without_a_queue_does_not_hold_and_answered_loss_does_not_cut() -> None:
+    # 5 % loss (13/256) with clean probes: random loss of the path, the ramp goes on.
+    decisions = run([(0, fast()), (200, fast(fraction_lost=13))])
+    assert decisions[-1].reason == "ramp_multiplicative"
+    # 30 % loss reported 1 s after a probe cut: that cut answered it.  2 s after: a new loss event.
+    cut = run([(0, fast()), (200, fast()), (400, fast(rtt=120.0))])[-1].state
+    later = run([(1_400, fast(fraction_lost=77, rate=800_000)), (2_600, fast(fraction_lost=77, rate=800_000))], cut)
+    assert [str(d.reason) for d in later] == ["ramp_near", "loss_backoff"]
+
+
+def test_fast_mode_ignores_receiver_report_delay_and_ends_without_probes() -> None:
+    # RTCP's RTT says 300 ms (a report from before a cut) while the probes see no queue: no cut.
+    steps = [(0, fast(rtt_ms=20.0)), (200, fast(rtt_ms=20.0)), (400, fast(rtt_ms=300.0)), (600, fast(rtt_ms=300.0))]
+    assert "delay_backoff" not in reasons(run(steps))
+    # No probe answer for over a second: RTCP rules again (REMB cap, receiver-report delay signal).
+    state = run(steps)[-1].state
+    later = run([(1_400, Feedback(remb_bps=500_000)), (1_800, Feedback(remb_bps=500_000))], state)
+    assert later[0].signals.fast is True and later[0].signals.remb_cap_bps is None
+    assert later[1].signals.fast is False and (later[1].reason, later[1].target_bps) == ("remb_cap", 425_000)

@@ -129,6 +129,11 @@ def test_control_step_record_carries_target_reasons_rung_and_signals() -> None:
         "lost_packets_delta": None,
         "capacity_bps": 5_000_000,  # the 25 % loss cut remembers where congestion was seen
         "app_limited": False,
+        "fast": False,  # no probe answers: the receiver reports are the delay signal
+        "probe_rtt_ms": None,
+        "probe_rtt_baseline_ms": None,
+        "probe_threshold_ms": None,
+        "recv_rate_bps": None,
     }
 
 
