@@ -49,7 +49,7 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Final, Literal, cast
 
 from broker.protocol import NodeEventType, PoolKind, SignalType
@@ -82,7 +82,11 @@ MAX_WIDTH_PX: Final = 7680
 MAX_HEIGHT_PX: Final = 4320
 MIN_SIZE_PX: Final = 64
 EVENT_DRAIN_TIMEOUT_S: Final = 10.0  # stop() waits this long for queued events to be delivered
-SEND_RATE_WINDOW_S: Final = 1.0  # the send rate the controller gets is averaged over this long
+SEND_RATE_WINDOW_S: Final = 0.5  # the send rate the controller gets is averaged over this long
+# Retransmissions are paid for out of the encoder's bits (libwebrtc's "protection bitrate"), so
+# media + retransmissions stay at the target; but they never take more than half of it.
+MIN_MEDIA_PERCENT: Final = 50
+RTX_PACKET_BYTES: Final = 1_200  # assumed size of a retransmitted packet before any was sent
 DECISION_LOG_SIZE: Final = 50  # control steps kept in stats()["decisions"] (10 s at 200 ms)
 
 EventCallback = Callable[[str, dict[str, Any]], Awaitable[None]]
@@ -128,6 +132,11 @@ class RuntimeConfig:
     stats_interval_ms: int = 200  # feedback -> bitrate/ladder decision period
     client_stats_interval_ms: int = 1000  # stats event to the viewer
     keyframe_min_interval_ms: int = 250  # PLI/FIR storms are answered at most this often
+    # The viewer's probe answers show its picture frozen (packets arrive, no frame decodes) this
+    # long: send a keyframe without waiting for its own request (Chromium asks after 3 s);
+    # again at most once per stall_keyframe_interval_ms while the stall lasts.  0: never.
+    stall_keyframe_ms: int = 300
+    stall_keyframe_interval_ms: int = 1_000
 
     def __post_init__(self) -> None:
         if self.capture_backend not in CAPTURE_BACKENDS:
@@ -136,14 +145,29 @@ class RuntimeConfig:
             raise ValueError("stats_interval_ms must be >= 10 and <= client_stats_interval_ms")
         if self.keyframe_min_interval_ms < 0:
             raise ValueError("keyframe_min_interval_ms must be >= 0")
+        if self.stall_keyframe_ms < 0 or self.stall_keyframe_interval_ms < 0:
+            raise ValueError("stall_keyframe_ms and stall_keyframe_interval_ms must be >= 0")
 
 
 # --- helpers ---------------------------------------------------------------------------
 
 
-def feedback_from_remote(remote: RemoteFeedback, send_rate_bps: int | None) -> Feedback:
-    """The bitrate policy's input from one poll of the viewer's RTCP feedback."""
+def media_bps(encoder_bps: int, retransmit_bps: int) -> int:
+    """The encoder's bitrate once the retransmission rate is paid for (never under MIN_MEDIA_PERCENT)."""
+    return max(encoder_bps - retransmit_bps, encoder_bps * MIN_MEDIA_PERCENT // 100)
+
+
+def feedback_from_remote(
+    remote: RemoteFeedback, send_rate_bps: int | None, packet_bytes: float | None = None
+) -> Feedback:
+    """The bitrate policy's input from one poll of the viewer's feedback.
+
+    ``packet_bytes``: the mean RTP payload per packet we sent lately; it turns the viewer's
+    receive rate in packets (its probe answers) into bits per second.
+    """
     report = remote.report
+    recv_pps = remote.probe.recv_pps
+    recv_bps = round(recv_pps * packet_bytes * 8) if recv_pps is not None and packet_bytes else None
     return Feedback(
         remb_bps=remote.remb_bps,
         fraction_lost=report.fraction_lost if report is not None else None,
@@ -151,6 +175,8 @@ def feedback_from_remote(remote: RemoteFeedback, send_rate_bps: int | None) -> F
         jitter_ms=bitrate_policy.jitter_ms_from_rtp(report.jitter) if report is not None else None,
         rtt_ms=remote.rtt_ms,
         send_rate_bps=send_rate_bps,
+        probe_rtt_ms=remote.probe.rtt_ms,
+        recv_rate_bps=recv_bps,
     )
 
 
@@ -204,8 +230,11 @@ class SessionRuntime:
         self._keyframe_timer: asyncio.TimerHandle | None = None
         self._remote: dict[str, Any] = {"rtt_ms": None, "jitter_ms": None, "loss": None, "remb_bps": None}
         self._send_rate_bps: int | None = None
-        self._encoder_bps: int | None = None  # last bitrate given to the encoder (target x rate-match gain)
+        self._encoder_bps: int | None = None  # last bitrate given to the encoder (target x gain - retransmissions)
+        self._retransmit_bps = 0  # retransmission rate over the send-rate window
         self._keyframe_requests = 0
+        self._stall_keyframes = 0
+        self._stall_keyframe_s: float | None = None  # monotonic seconds of the last one
         # Telemetry of every control step (all viewers of the session): the newest records and
         # a count per bitrate reason since the session started.
         self._decisions: deque[dict[str, Any]] = deque(maxlen=DECISION_LOG_SIZE)
@@ -299,14 +328,20 @@ class SessionRuntime:
             "encode_ms_p95": None,
             "convert_ms": None,
             "grab_ms": None,  # median capture/render per frame, ms
-            "bitrate_bps": self._send_rate_bps,  # measured RTP payload rate
+            "bitrate_bps": self._send_rate_bps,  # measured RTP payload rate, retransmissions included
             "target_bps": step.bitrate.target_bps if step else None,
-            "encoder_bps": self._encoder_bps,  # what the encoder was asked for: target x rate-match gain
+            # what the encoder was asked for: target x rate-match gain - the retransmission rate
+            "encoder_bps": self._encoder_bps,
+            "retransmit_bps": self._retransmit_bps,  # retransmitted RTP payload (estimated at the mean packet size)
             "encoder_bitrate_bps": None,  # what the codec runs at (may hold back small changes)
             "keyframes": 0,  # produced by the current encoder
             "requested_keyframes": 0,  # keyframes forced by PLI/FIR or a new viewer (current encoder)
             "bitrate_keyframes": 0,  # keyframes caused by bitrate changes the codec could not follow live
             "keyframe_requests": self._keyframe_requests,  # PLI/FIR received
+            "stall_keyframes": self._stall_keyframes,  # sent because the viewer's picture froze (probes)
+            # NACKed packets of the current viewer: retransmitted, skipped as repeated within an RTT
+            # or over the retransmission budget (streamer.rtx)
+            "retransmits": asdict(self._peer.retransmits) if self._peer is not None else None,
             "encoder": None,
             "codec": None,
             "width": None,
@@ -319,6 +354,10 @@ class SessionRuntime:
             "input": router.counters.snapshot() if router else {"accepted": {}, "dropped": {}},
             "bitrate_reason": step.bitrate.reason.value if step else None,
             "ladder_reason": step.ladder.reason.value if step else None,
+            # the viewer's answers to delay probes (None: it answers none): the period's lowest
+            # round trip, and the rate it receives video at
+            "probe_rtt_ms": _round2(step.bitrate.signals.probe_rtt_ms) if step else None,
+            "recv_rate_bps": step.bitrate.signals.recv_rate_bps if step else None,
             "encoder_reasons": list(self._selection_reasons),
             # newest control steps, oldest first: ControlStep.record() (target, reasons, rung, signals)
             "decisions": list(self._decisions),
@@ -488,6 +527,7 @@ class SessionRuntime:
             PeerSettings(ice_servers=self.spec.ice_servers, advertise_addresses=self.config.advertise_addresses),
             track,
             self._router,
+            target_bps=self._profile.start_bps,
             on_state=self._peer_state,
             on_channel_open=self._channel_open,
             on_keyframe_request=self._keyframe_requested,
@@ -567,6 +607,22 @@ class SessionRuntime:
         else:
             self._keyframe_timer = asyncio.get_running_loop().call_later(wait_s, self._send_keyframe)
 
+    def _repair_stall(self, stalled_ms: float | None, now_s: float) -> None:
+        """The viewer's picture froze on a frame that cannot complete: a keyframe ends it."""
+        limit_ms = self.config.stall_keyframe_ms
+        if stalled_ms is None or limit_ms <= 0 or stalled_ms < limit_ms:
+            return
+        interval_s = self.config.stall_keyframe_interval_ms / 1000.0
+        if self._stall_keyframe_s is not None and now_s - self._stall_keyframe_s < interval_s:
+            return
+        if now_s - self._last_keyframe_s < interval_s:
+            return  # a keyframe (PLI, new viewer) is already on its way
+        self._stall_keyframe_s = now_s
+        self._stall_keyframes += 1
+        log.info("session %s: viewer frozen %.0f ms with packets arriving: keyframe", self.spec.id, stalled_ms)
+        if self._keyframe_timer is None:
+            self._send_keyframe()
+
     def _send_keyframe(self) -> None:
         self._keyframe_timer = None
         self._last_keyframe_s = time.monotonic()
@@ -579,7 +635,8 @@ class SessionRuntime:
         """Every ``stats_interval_ms``: feedback -> bitrate/ladder decisions -> encoder; stats to the viewer."""
         interval_s = self.config.stats_interval_ms / 1000.0
         client_every = max(1, self.config.client_stats_interval_ms // self.config.stats_interval_ms)
-        sent: deque[tuple[float, int]] = deque([(time.monotonic(), 0)])  # (time, bytes sent) over the window
+        # (time, bytes sent, packets sent, packets retransmitted) over the window
+        sent: deque[tuple[float, int, int, int]] = deque([(time.monotonic(), 0, 0, peer.retransmits.sent)])
         tick = 0
         while True:
             await asyncio.sleep(interval_s)
@@ -590,14 +647,22 @@ class SessionRuntime:
                 # keyframe or a frame straddling two periods makes a single period's rate swing
                 while len(sent) > 1 and sent[1][0] <= now - SEND_RATE_WINDOW_S:
                     sent.popleft()
-                t0, b0 = sent[0]
-                send_rate = round((remote.bytes_sent - b0) * 8 / (now - t0)) if now > t0 else None
-                sent.append((now, remote.bytes_sent))
+                t0, b0, p0, r0 = sent[0]
+                packets = remote.packets_sent - p0
+                packet_bytes = (remote.bytes_sent - b0) / packets if packets > 0 else None
+                # aiortc's byte count leaves retransmissions out: they are counted by the limiter,
+                # at the mean packet size (a NACKed packet is as big as the others)
+                retransmitted = peer.retransmits.sent
+                rtx_bytes = (retransmitted - r0) * (packet_bytes or RTX_PACKET_BYTES)
+                send_rate = round((remote.bytes_sent - b0 + rtx_bytes) * 8 / (now - t0)) if now > t0 else None
+                self._retransmit_bps = round(rtx_bytes * 8 / (now - t0)) if now > t0 else 0
+                sent.append((now, remote.bytes_sent, remote.packets_sent, retransmitted))
                 now_ms = int(now * 1000)
-                step = controller.update(feedback_from_remote(remote, send_rate), now_ms)
+                step = controller.update(feedback_from_remote(remote, send_rate, packet_bytes), now_ms)
                 self._decisions.append(step.record(now_ms))
                 self._decision_counts[step.bitrate.reason.value] += 1
                 self._note_feedback(remote, send_rate)
+                self._repair_stall(remote.probe.stalled_ms, now)
                 await self._apply(step)
                 tick += 1
                 if tick % client_every == 0:
@@ -606,23 +671,26 @@ class SessionRuntime:
                 log.exception("session %s: control step failed", self.spec.id)
 
     async def _apply(self, step: ControlStep) -> None:
+        if self._peer is not None:
+            self._peer.set_target(step.bitrate.target_bps)
         if self._pipeline is None:
             return
+        encoder_bps = media_bps(step.encoder_bps, self._retransmit_bps)
         if step.ladder.changed:
             rung = step.ladder.rung
             log.info(
                 "session %s: ladder %s -> %dx%d@%d (target %d bps)",
                 self.spec.id, step.ladder.reason.value, rung.width, rung.height, rung.fps, step.bitrate.target_bps,
             )  # fmt: skip
-            await self._configure_encoder(self._pipeline.encoder.backend, rung, step.encoder_bps)
-            self._encoder_bps = step.encoder_bps
-        elif step.encoder_bps != self._encoder_bps:
+            await self._configure_encoder(self._pipeline.encoder.backend, rung, encoder_bps)
+            self._encoder_bps = encoder_bps
+        elif encoder_bps != self._encoder_bps:
             log.debug(
                 "session %s: bitrate %s -> %d bps (encoder %d)",
-                self.spec.id, step.bitrate.reason.value, step.bitrate.target_bps, step.encoder_bps,
+                self.spec.id, step.bitrate.reason.value, step.bitrate.target_bps, encoder_bps,
             )  # fmt: skip
-            self._pipeline.set_bitrate(step.encoder_bps)
-            self._encoder_bps = step.encoder_bps
+            self._pipeline.set_bitrate(encoder_bps)
+            self._encoder_bps = encoder_bps
 
     def _note_feedback(self, remote: RemoteFeedback, send_rate: int | None) -> None:
         self._send_rate_bps = send_rate
@@ -641,6 +709,7 @@ class SessionRuntime:
             "bitrate_bps",
             "target_bps",
             "rtt_ms",
+            "probe_rtt_ms",
             "jitter_ms",
             "loss",
             "encoder",
@@ -704,6 +773,10 @@ class SessionRuntime:
                 await self._on_event(name, info)
             except Exception:  # task boundary: the owner's handler failed; keep delivering
                 log.exception("session %s: on_event(%r) failed", self.spec.id, name)
+
+
+def _round2(value: float | None) -> float | None:
+    return round(value, 2) if value is not None else None
 
 
 def _error(code: str, detail: str) -> dict[str, Any]:

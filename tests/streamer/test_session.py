@@ -137,6 +137,35 @@ async def test_feedback_reaches_the_controller_and_stats(game: tuple[SessionRunt
     assert {"fps", "bitrate_bps", "target_bps", "rtt_ms", "encoder"} <= set(message)
 
 
+async def test_delay_probes_feed_the_controller_round_trips_and_the_receive_rate(
+    game: tuple[SessionRuntime, Events], viewer: Viewer
+) -> None:
+    runtime, _events = game
+    await viewer.connect(runtime.handle_signal)
+
+    def probed() -> list[dict[str, Any]]:
+        return [d for d in runtime.stats()["decisions"] if d["recv_rate_bps"] and d["probe_rtt_ms"] is not None]
+
+    await until(lambda: len(probed()) >= 5, "no control step with probe answers")
+    steps = probed()
+    assert all(d["fast"] for d in steps)
+    # loopback: a probe's round trip is a few milliseconds, and the viewer receives what we send
+    assert all(0.0 <= d["probe_rtt_ms"] < 200.0 for d in steps)
+    last = steps[-1]
+    assert 0.5 * last["send_rate_bps"] < last["recv_rate_bps"] < 1.5 * last["send_rate_bps"], last
+    # without the probe channel the controller runs on RTCP alone
+    await viewer.close()
+    plain = Viewer(probes=False)
+    try:
+        await plain.connect(runtime.handle_signal)
+        await plain.wait_frames(10)
+        await asyncio.sleep(1.0)
+        recent = runtime.stats()["decisions"][-3:]
+        assert recent and not any(d["fast"] for d in recent) and all(d["recv_rate_bps"] is None for d in recent)
+    finally:
+        await plain.close()
+
+
 async def test_every_control_step_is_kept_as_telemetry_in_stats(viewer: Viewer) -> None:
     rendered: list[tuple[int, int]] = []
 
@@ -178,6 +207,31 @@ async def test_pli_from_the_viewer_yields_a_keyframe(game: tuple[SessionRuntime,
     await until(lambda: runtime.stats()["keyframes"] == 2, "PLI did not make a keyframe")
     assert runtime.stats()["keyframe_requests"] == 1
     await until(lambda: any(f.key_frame for f in viewer.frames[count:]), "the viewer decoded no new keyframe")
+
+
+async def test_a_picture_frozen_while_packets_arrive_gets_a_keyframe_without_a_pli(
+    game: tuple[SessionRuntime, Events], viewer: Viewer
+) -> None:
+    runtime, _events = game
+    await viewer.connect(runtime.handle_signal)
+    await viewer.wait_frames(5)
+    await until(lambda: runtime.stats()["keyframes"] == 1, "no first keyframe")
+    assert runtime.stats()["stall_keyframes"] == 0  # frames decode: no stall
+    viewer.frozen_at = len(viewer.frames)  # the probe answers now say nothing decodes
+    count = len(viewer.frames)
+    await until(lambda: runtime.stats()["stall_keyframes"] >= 1, "no keyframe for a frozen picture")
+    frozen_s = asyncio.get_running_loop().time()
+    await until(lambda: any(f.key_frame for f in viewer.frames[count:]), "the viewer decoded no new keyframe")
+    assert runtime.stats()["keyframe_requests"] == 0  # the node's own doing, no PLI/FIR
+    # while the stall lasts: one more at most every stall_keyframe_interval_ms (1 s)
+    await asyncio.sleep(1.5)
+    elapsed = asyncio.get_running_loop().time() - frozen_s
+    assert 2 <= runtime.stats()["stall_keyframes"] <= 2 + int(elapsed)
+    viewer.frozen_at = None  # decoding again: no more
+    await asyncio.sleep(0.5)
+    thawed = runtime.stats()["stall_keyframes"]
+    await asyncio.sleep(1.5)
+    assert runtime.stats()["stall_keyframes"] == thawed
 
 
 async def test_a_viewer_can_leave_and_another_connect(game: tuple[SessionRuntime, Events]) -> None:

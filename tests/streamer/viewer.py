@@ -26,10 +26,18 @@ from typing import Any
 
 import av
 import numpy as np
-from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCPeerConnection,
+    RTCRtpReceiver,
+    RTCRtpSender,
+    RTCSessionDescription,
+)
 from aiortc.mediastreams import MediaStreamError
 
-from broker.protocol import INPUT_CHANNEL_LABEL
+from broker.protocol import INPUT_CHANNEL_LABEL, PROBE_CHANNEL_LABEL, InputType, NodeEventType
 from streamer.peer import advertise_host_addresses
 
 DEADLINE_S = 15.0  # generous bound for things that normally take well under a second
@@ -50,7 +58,8 @@ class Received:
 class Viewer:
     """A viewer peer.  ``codecs``: restrict what it can receive (e.g. ``("VP8",)``); None = all.
 
-    ``advertise``: host addresses to offer; ``keep_images``: keep BGR copies of decoded frames.
+    ``advertise``: host addresses to offer; ``keep_images``: keep BGR copies of decoded frames;
+    ``probes``: open the probe channel and answer the node's delay probes, as the web client does.
     """
 
     def __init__(
@@ -59,6 +68,7 @@ class Viewer:
         codecs: Sequence[str] | None = None,
         advertise: Sequence[str] = ("127.0.0.1",),
         keep_images: bool = True,
+        probes: bool = True,
     ) -> None:
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.transceiver = self.pc.addTransceiver("video", direction="recvonly")
@@ -67,6 +77,11 @@ class Viewer:
             caps = RTCRtpSender.getCapabilities("video").codecs
             self.transceiver.setCodecPreferences([c for c in caps if c.name.upper() in wanted or c.name == "rtx"])
         self.channel = self.pc.createDataChannel(INPUT_CHANNEL_LABEL)
+        self.probe_channel = (
+            answer_probes(self.pc, self.transceiver.receiver, self._frames_decoded) if probes else None
+        )
+        # set: the probe answers report this many frames decoded (a frozen picture) whatever arrives
+        self.frozen_at: int | None = None
         self.advertise = tuple(advertise)
         self.keep_images = keep_images  # False: decode only (benchmarks), no BGR conversion
         self.frames: list[Received] = []
@@ -78,6 +93,9 @@ class Viewer:
         self.channel.on("open", self._channel_open.set)
         self.channel.on("message", lambda raw: self.messages.append(json.loads(raw)))
         self.pc.on("track", self._on_track)
+
+    def _frames_decoded(self) -> int:
+        return self.frozen_at if self.frozen_at is not None else len(self.frames)
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         self.remote_track = track
@@ -133,6 +151,43 @@ class Viewer:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
+
+
+def answer_probes(
+    pc: RTCPeerConnection, receiver: RTCRtpReceiver, frames_decoded: Callable[[], int] | None = None
+) -> RTCDataChannel:
+    """Open ``pc``'s probe channel and answer each node ``probe`` with the packets ``receiver`` got.
+
+    The aiortc twin of the web client's answer (``streamer.probe``): unordered, no
+    retransmissions; ``rx`` is the RTP packets ``receiver`` got, ``rx_ms`` this process's
+    monotonic clock when it was read.  aiortc's ``getStats`` cannot give that count: it files
+    the video SSRC and the retransmission (RTX) SSRC under one inbound-rtp id, so once a
+    packet was retransmitted the report shows the RTX stream's count.  So the receiver's
+    packet handler is wrapped to count (the same seam the ABR benchmark's viewer uses).
+    ``frames_decoded`` (optional) gives the ``fd`` field: frames the viewer decoded so far.
+    """
+    channel = pc.createDataChannel(PROBE_CHANNEL_LABEL, ordered=False, maxRetransmits=0)
+    received = 0
+    handle_rtp = receiver._handle_rtp_packet
+
+    async def counting(packet: Any, arrival_time_ms: int) -> None:
+        nonlocal received
+        received += 1
+        await handle_rtp(packet, arrival_time_ms)
+
+    receiver._handle_rtp_packet = counting  # type: ignore[method-assign]
+
+    def on_message(raw: str | bytes) -> None:
+        msg = json.loads(raw)
+        if msg.get("t") == NodeEventType.PROBE.value and channel.readyState == "open":
+            rx_ms = round(time.monotonic() * 1000, 1)
+            ack = {"t": InputType.PROBE_ACK.value, "id": msg.get("id"), "rx": received, "rx_ms": rx_ms}
+            if frames_decoded is not None:
+                ack["fd"] = frames_decoded()
+            channel.send(json.dumps(ack))
+
+    channel.on("message", on_message)
+    return channel
 
 
 async def until(condition: Callable[[], bool], message: str, deadline_s: float = DEADLINE_S) -> None:
