@@ -7,6 +7,8 @@
 // candidates from the node.  A PeerLink is used once: reconnecting means close() and a new one.
 // After close() no handler fires.
 //
+// A second channel (probe.js) answers the node's delay probes for its bitrate control.
+//
 // Input channel: ordered and reliable (the defaults).  Key and button events are state changes:
 // a lost key-up leaves a key stuck on the remote side, and a reordered down/up pair does the same,
 // so unordered or partially reliable delivery would trade latency for stuck input.  Latency is
@@ -19,6 +21,7 @@
 
 import { INPUT_CHANNEL_LABEL, SignalType } from "./protocol.js";
 import { withToken, wsUrl } from "./common.js";
+import { answerProbes } from "./probe.js";
 
 const ICE_GATHER_TIMEOUT_MS = 4000; // send what we have if gathering stalls (e.g. an unreachable STUN server)
 const OFFER_RESEND_MS = 10_000; // last resort, only for an offer sent to a running session
@@ -53,6 +56,7 @@ export class PeerLink {
     this.o = o;
     this.pc = null;
     this.dc = null;
+    this.probes = null;
     this.ws = null;
     this.offer = null;
     this.answered = false;
@@ -69,6 +73,7 @@ export class PeerLink {
     pc.addTransceiver("video", { direction: "recvonly" });
     const dc = pc.createDataChannel(INPUT_CHANNEL_LABEL, { ordered: true });
     this.dc = dc;
+    this.probes = answerProbes(pc); // the node's delay probes (its bitrate control)
     dc.onopen = () => { if (!this.closed) this.o.on.channelOpen(); };
     dc.onmessage = (e) => { if (!this.closed) this.o.on.nodeEvent(e.data); };
     pc.ontrack = (e) => {
@@ -106,6 +111,7 @@ export class PeerLink {
     this.closed = true;
     clearTimeout(this.timer);
     const { ws, dc, pc } = this;
+    if (this.probes) this.probes.stop();
     if (ws) { try { ws.close(1000, "closing"); } catch { /* already closed */ } }
     if (dc) { try { dc.close(); } catch { /* already closed */ } }
     if (pc) { try { pc.close(); } catch { /* already closed */ } }

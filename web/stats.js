@@ -75,6 +75,7 @@ export function renderStats(box, s) {
     row("Codec", s.codec || "–"),
     row("RTT (ICE)", fmtNum(s.rttMs, 1, " ms")),
     row("Input RTT", fmtNum(s.inputRttMs, 1, " ms")),
+    Number.isFinite(n.probe_rtt_ms) ? row("Probe RTT (node)", fmtNum(n.probe_rtt_ms, 1, " ms")) : null,
     row("Jitter", fmtNum(s.jitterMs, 1, " ms")),
     row("Packet loss", fmtNum(s.lossPct, 2, " %")),
     row("Decode time", fmtNum(s.decodeMs, 2, " ms")),

@@ -192,6 +192,9 @@ async def test_game_stream_glass_to_glass_and_keys_move_player(broker: Proc, htt
             await page.keyboard.up(key)
         assert sign * (x1 - x0) > 0.05, (x0, x1)
         await page.wait_for_function("() => window.renderBroker.lastStats()?.bitrateBps > 0")  # overlay has rates
+        # the page answers the node's delay probes (web/probe.js): the node's stats carry their round trip
+        await page.wait_for_function("() => window.renderBroker.lastStats()?.node?.probe_rtt_ms >= 0", timeout=10_000)
+        await page.locator("#stats", has_text="Probe RTT (node)").wait_for()
         await screenshot(page, "client-game.png", full_page=False)
         await page.click("#btn-end")
         await page.locator('body[data-view="ended"]').wait_for()
