@@ -4,7 +4,7 @@ Run by the benchmark (inside a ``tests.netem.lab.Lab`` namespace through ``Lab.p
 side by side on 127.0.0.1 without a Lab), never by hand:
 
   ``python bench/abr_peers.py sender --mode ours|fixed|stock --advertise IP [--width W ...]``
-  ``python bench/abr_peers.py viewer --advertise IP``
+  ``python bench/abr_peers.py viewer --advertise IP [--browser chromium]``
   ``python bench/abr_peers.py echo --port P`` / ``rttprobe --dst IP --port P --count N``
 
 Signaling and control are JSON lines over stdin/stdout, relayed by the parent (the two
@@ -38,6 +38,8 @@ frame number, size): the namespaces share the machine clock.  Arrival is when ai
 receiver hands out the decoded frame (it holds each frame until the next one starts, about
 one frame interval).  It counts video RTP payload bytes per 100 ms of wall time (goodput,
 retransmissions included) and sends an input ping every ``--ping-ms`` on the data channel.
+``viewer --browser chromium`` is headless Chromium instead (``bench/abr_chromium.py``: same
+messages, same result keys; ``--advertise`` is then only checked against Chromium's offer).
 
 The sender records every 100 ms (wall time): target bitrate, measured send rate (RTP
 payload, outbound-rtp bytesSent per control period), encoded size/fps and the REMB it saw.
@@ -84,6 +86,7 @@ from streamer.inputs import InputEvent
 from streamer.inputsink import InputRouter, wall_clock_ms
 from streamer.peer import advertise_host_addresses, codec_preferences
 from streamer.session import RuntimeConfig, SessionRuntime, SessionSpec
+from tests.streamer.viewer import answer_probes
 
 log = logging.getLogger("abr_peers")
 
@@ -172,10 +175,12 @@ async def run_runtime_sender(args: argparse.Namespace) -> dict[str, Any]:
     runtime = SessionRuntime(spec, config, game_factory=BusyGame)
     await runtime.start()
     samples: list[list[Any]] = []
+    decisions: dict[int, dict[str, Any]] = {}  # every control step of the run, by its now_ms
 
     async def sample() -> None:
         while True:
             s = runtime.stats()
+            decisions.update((d["now_ms"], d) for d in s["decisions"])
             samples.append([round(time.time(), 3), s["target_bps"], s["bitrate_bps"], s["width"], s["height"],
                             s["target_fps"], s["bitrate_reason"], s["ladder_reason"], s["remb_bps"]])  # fmt: skip
             await asyncio.sleep(SAMPLE_PERIOD_S)
@@ -198,9 +203,10 @@ async def run_runtime_sender(args: argparse.Namespace) -> dict[str, Any]:
         "skipped_late": stats["skipped_late"],
         "skipped_backpressure": stats["skipped_backpressure"],
         "keyframes_requested": stats["keyframe_requests"],
+        "retransmits": stats["retransmits"],
         "encode_ms": stats["encode_ms"],
         "decision_counts": stats["decision_counts"],
-        "last_decisions": stats["decisions"][-5:],
+        "decisions": [decisions[k] for k in sorted(decisions)],
     }
 
 
@@ -290,6 +296,8 @@ async def run_viewer(args: argparse.Namespace) -> dict[str, Any]:
     frames: list[list[Any]] = []
     bins: dict[int, int] = {}
     unreadable = 0
+    # as the web client does: the node's delay probes, with the frames decoded so far
+    answer_probes(pc, transceiver.receiver, lambda: len(frames) + unreadable)
     ping_sent: dict[int, float] = {}  # id -> wall time sent
     pings: list[list[float]] = []  # [sent wall time, rtt ms]
     receiver = transceiver.receiver
@@ -369,6 +377,15 @@ async def run_viewer(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+async def run_browser_viewer(args: argparse.Namespace) -> dict[str, Any]:
+    """``viewer --browser chromium``: headless Chromium in this namespace (``bench/abr_chromium.py``)."""
+    from bench.abr_chromium import run_chromium_viewer  # Playwright only where it is used
+
+    queue = stdin_queue(asyncio.get_running_loop())
+    return await run_chromium_viewer(advertise=args.advertise, ping_ms=args.ping_ms, bin_s=BIN_S,
+                                     signals=parent_signals(queue), emit=emit)  # fmt: skip
+
+
 # --- path RTT probe (UDP echo) ------------------------------------------------------------------------
 
 
@@ -427,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     p_view = sub.add_parser("viewer")
     p_view.add_argument("--advertise", required=True)
     p_view.add_argument("--ping-ms", type=float, default=50.0, help="input ping period")
+    p_view.add_argument("--browser", choices=("chromium",), help="view in this browser instead of aiortc")
     p_echo = sub.add_parser("echo")
     p_echo.add_argument("--port", type=int, required=True)
     p_probe = sub.add_parser("rttprobe")
@@ -444,7 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "rttprobe":
         emit({"result": run_rttprobe(args)})
         return 0
-    if args.role == "viewer":
+    if args.role == "viewer" and args.browser == "chromium":
+        result = asyncio.run(run_browser_viewer(args))
+    elif args.role == "viewer":
         result = asyncio.run(run_viewer(args))
     elif args.mode == "stock":
         result = asyncio.run(run_stock_sender(args))

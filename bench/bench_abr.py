@@ -1,8 +1,10 @@
 """Adaptive-bitrate benchmark: three senders side by side on an emulated network (issue #6).
 
 Run: ``sudo .venv/bin/python bench/bench_abr.py`` as root (``--quick`` shortens every phase
-to a third; ``--scenarios a c`` and ``--senders ours stock`` narrow a run; ``--no-lab`` runs
-on 127.0.0.1 without shaping; ``--json FILE`` keeps the raw per-run data).  The full run
+to a third; ``--scenarios a c`` and ``--senders ours stock`` narrow a run; ``--viewer aiortc``
+or ``chromium`` picks the receiving peer, by default Chromium where it can run, else aiortc
+(the reason printed); ``--no-lab`` runs on 127.0.0.1 without shaping; ``--json FILE`` keeps
+the raw per-run data).  The full run
 takes about 5 minutes (3 scenarios x 3 senders, one after the other, each with a fresh Lab).
 
 Network: each run gets a fresh ``tests.netem.lab.Lab`` (node and viewer namespaces joined
@@ -21,6 +23,18 @@ moving block of fresh noise, stamped with frame number and render time; H.264):
   ours  = the node's ``SessionRuntime`` with its controller and ladder (game profile);
   fixed = the same runtime pinned at ``--fixed-bps`` (6 Mbps);
   stock = aiortc encoding raw frames itself, its encoder following REMB (0.5-3 Mbps).
+Viewers (``--viewer``; in the viewer namespace; the header line names the one used):
+  aiortc   = an aiortc peer (``abr_peers.py viewer``) decoding in Python; a frame is "shown"
+             when aiortc's receiver hands it out decoded (it holds each frame until the next
+             starts, ~33 ms).  Its jitter buffer recovers slowly from loss (stalls of
+             seconds), which weighs on the freeze and settle figures;
+  chromium = headless Debian Chromium, the product's browser (``abr_peers.py viewer --browser
+             chromium``: ``bench/abr_chromium.py`` drives ``bench/abr_viewer.js`` through
+             Playwright), connecting like web/peer.js, probe answers included.  A frame is
+             "shown" at requestVideoFrameCallback's ``presentationTime`` (handed to the
+             compositor after jitter buffer and decode); its stamp is read from the drawn
+             video (web/stamp.js) and paired with the callback's own frame by RTP timestamp.
+             Goodput: inbound-rtp ``bytesReceived`` + ``retransmittedBytesReceived`` every 100 ms.
 
 Measures, per scenario x sender (definitions; t = wall time, phase = a constant-capacity
 span of the script, the first phase starting when the viewer decodes its first frame):
@@ -30,21 +44,26 @@ span of the script, the first phase starting when the viewer decodes its first f
     its second half; "overall" pools the steady windows of all phases.  RTP payload
     excludes IP/UDP/SRTP/RTP headers (about 4 % at 1,200-byte packets), so 100 % is out
     of reach by those 4 %;
-  * frame delay = viewer decode-out wall time - the frame's stamp (render) time, over every
-    decoded frame of the run: render + encode + pacing + path + jitter buffer + decode,
-    including aiortc's receiver holding each frame until the next starts (~33 ms);
+  * frame delay = the wall time the viewer shows the frame (see Viewers) - the frame's stamp
+    (render) time, over every decoded frame of the run: render + encode + pacing + path +
+    jitter buffer + decode (aiortc: plus its hold of ~33 ms);
   * freezes: gaps > 200 ms between consecutive decoded frames with a readable stamp (also
     a gap from the last frame to the end of the run; a frame whose stamp does not read
     back is a corrupt picture -- decoded without a lost reference -- and counted apart);
     "after settling" counts those starting after their phase's settle point, or every
     freeze of a phase that never settled;
-  * settle time of a phase: the earliest s such that from phase start + s to the phase end
-    (a) the sender's 1 s average send rate (RTP payload) stays <= the capacity, (b)
+  * settle time of a phase: the earliest s (0, or the end of a bad event) such that for the
+    ``MIN_SETTLED_S`` (2 s) from phase start + s
+    (a) the bottleneck drops no packet from its queue (read from the router's counters
+    every ``LINK_SAMPLE_S``; an interval with a drop is unsettled up to its end): a
+    sender above the capacity fills the 100 ms queue, and the queue overflows -- the
+    link's own verdict, the same for every sender and counting retransmissions, (b)
     every frame decoded has delay <= bound, bound = downlink one-way delay + jitter +
     150 ms (frame interval, encode/decode, one aiortc hold, part of the 100 ms queue),
-    and (c) no freeze is in progress;
-    it must then hold for at least ``MIN_SETTLED_S`` (2 s) before the phase ends, else
-    "never".  The target (< 1 s) applies to phases entered by a capacity drop;
+    and (c) no freeze is in progress; "never" if no such 2 s fit in the phase.  The target
+    (< 1 s) applies to phases entered by a capacity drop.  What happens later is counted,
+    not hidden: freezes after settling (target 0) and queue overflows after settling (a
+    sender probing for more capacity overshoots now and then; reported);
   * reclaim time of a phase entered by a capacity rise: from its start until the 1 s
     goodput first reaches 85 % of the capacity ("never" if it does not in the phase);
   * input RTT: a ping on the input data channel every 50 ms, echoed at once by the
@@ -80,12 +99,18 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import chromium_unavailable  # noqa: E402
 from tests.netem.lab import Lab, Link, unavailable_reason  # noqa: E402
 
 PEERS = ROOT / "bench" / "abr_peers.py"
 SENDERS = ("ours", "fixed", "stock")
+VIEWERS = {  # --viewer: the viewer child's extra arguments (abr_peers.py viewer) and what the header says
+    "chromium": (["--browser", "chromium"], "headless Chromium (/usr/bin/chromium via Playwright)"),
+    "aiortc": ([], "aiortc peer (abr_peers.py run_viewer)"),
+}
 FREEZE_MS = 200.0  # a gap between decoded frames longer than this is a freeze
 DELAY_MARGIN_MS = 150.0  # settle bound = one-way delay + jitter + this
+LINK_SAMPLE_S = 0.25  # the bottleneck's counters are read this often
 MIN_SETTLED_S = 2.0  # a phase counts as settled only if it stays settled this long
 RECLAIM_FRACTION = 0.85  # reclaim: 1 s goodput >= this x capacity
 TARGET_UTILIZATION = 0.85
@@ -204,6 +229,8 @@ class Relay:
                     continue
                 moved = True
                 if msg is None:
+                    if self.has(child.name, "result") is not None:
+                        continue  # it exited after its result (the other may still be closing down)
                     raise RuntimeError(f"{child.name} exited ({child.proc.wait()}):\n{child.stderr_tail()}")
                 if "sig" in msg:
                     other.send(msg)
@@ -231,8 +258,10 @@ class RunData:
     error: str | None = None
 
 
-def run_one(scenario: Scenario, sender: str, *, use_lab: bool, fixed_bps: int = 6_000_000) -> RunData:
-    """Run ``sender`` through ``scenario`` (a fresh Lab, or loopback) and return the raw data."""
+def run_one(
+    scenario: Scenario, sender: str, *, use_lab: bool, fixed_bps: int = 6_000_000, viewer: str = "aiortc"
+) -> RunData:
+    """Run ``sender`` through ``scenario`` (a fresh Lab, or loopback) to ``viewer`` and return the raw data."""
     py = sys.executable
     first = scenario.phases[0]
     lab = Lab(first.down, first.up) if use_lab else None
@@ -260,7 +289,8 @@ def run_one(scenario: Scenario, sender: str, *, use_lab: bool, fixed_bps: int = 
             relay_ready = Relay(s_child, s_child)
             relay_ready.pump(lambda: relay_ready.has(s_child.name, "ready") is not None, STARTUP_TIMEOUT_S,
                              "the sender to start")  # fmt: skip
-            v_child = Child(f"{tag}-viewer", popen_viewer, [py, str(PEERS), "viewer", "--advertise", viewer_ip])
+            viewer_argv = [py, str(PEERS), "viewer", "--advertise", viewer_ip, *VIEWERS[viewer][0]]
+            v_child = Child(f"{tag}-viewer", popen_viewer, viewer_argv)
             relay = Relay(s_child, v_child)
             relay.pump(lambda: relay.has(v_child.name, "first_frame") is not None, STARTUP_TIMEOUT_S,
                        "the first decoded frame")  # fmt: skip
@@ -281,7 +311,7 @@ def run_one(scenario: Scenario, sender: str, *, use_lab: bool, fixed_bps: int = 
                         c = lab.counters()["downlink"]
                         link_samples.append([time.time(), c["forwarded_bytes"], c["queue_dropped_packets"],
                                              c["loss_dropped_packets"]])  # fmt: skip
-                    stop_at = min(end, time.time() + 0.5)
+                    stop_at = min(end, time.time() + LINK_SAMPLE_S)
                     relay.pump(lambda: time.time() >= stop_at, 5.0, "the phase")  # noqa: B023 (called at once)
             v_child.send({"cmd": "stop"})
             s_child.send({"cmd": "stop"})
@@ -359,6 +389,7 @@ class Metrics:
     delay_p95_ms: float | None
     freezes: int
     freezes_after_settle: int
+    overflows_after_settle: int | None  # bottleneck-queue overflows (per link sample) after settling
     settle_s: list[float | None]  # per phase
     drop_phases: list[int]
     reclaim_s: list[float | None]  # per phase (rise phases only, else None)
@@ -390,10 +421,6 @@ def analyse(run: RunData) -> Metrics:
             return 0.0
         return sum(bins.get(k, 0) for k in range(lo, hi)) * 8 / ((hi - lo) * bin_s)
 
-    def send_rate_1s(t: float) -> float | None:
-        window = [s[2] for s in samples if t - 1.0 < s[0] <= t and s[2] is not None]
-        return sum(window) / len(window) if window else None
-
     # utilization and per-phase steady figures
     phase_util: list[float | None] = []
     goodputs, sends, targets = [], [], []
@@ -422,25 +449,27 @@ def analyse(run: RunData) -> Metrics:
     arrivals = [t0, *[f[0] for f in frames], t_end]
     gaps = [(a, b) for a, b in itertools.pairwise(arrivals) if (b - a) * 1000 > FREEZE_MS]
 
-    # settle per phase
+    # settle per phase: the first moment from which a clean stretch of MIN_SETTLED_S follows
+    overflows = [(a[0], b[0]) for a, b in itertools.pairwise(run.link) if b[2] > a[2]]  # queue drops in (a, b]
     settle: list[float | None] = []
+    overflows_after = 0
     for p in phases:
         bound = p["delay_ms"] + p["jitter_ms"] + DELAY_MARGIN_MS
-        last_bad = p["start"]
-        for a, b in gaps:  # a freeze is not settled: nothing arrives, whatever the rate says
-            if a < p["end"] and b > p["start"]:
-                last_bad = max(last_bad, min(b, p["end"]))
-        for f in frames:
-            if p["start"] <= f[0] <= p["end"] and f[1] > bound:
-                last_bad = max(last_bad, f[0])
+        bad = [(a, b) for a, b in gaps if a < p["end"] and b > p["start"]]  # nothing arrives: not settled
+        bad += [(f[0], f[0]) for f in frames if p["start"] <= f[0] <= p["end"] and f[1] > bound]
+        if p["capacity_bps"]:  # the bottleneck queue overflowed: the sender was above the capacity
+            bad += [(a, b) for a, b in overflows if p["start"] < b <= p["end"]]
+        settled_at: float | None = None
+        for t in sorted({p["start"], *(b for _, b in bad)}):
+            if t + MIN_SETTLED_S > p["end"]:
+                break
+            if not any(a <= t + MIN_SETTLED_S and b > t for a, b in bad):
+                settled_at = t
+                break
+        settle.append(settled_at - p["start"] if settled_at is not None else None)
         if p["capacity_bps"]:
-            for s in samples:
-                if p["start"] <= s[0] <= p["end"]:
-                    rate = send_rate_1s(s[0])
-                    if rate is not None and rate > p["capacity_bps"]:
-                        last_bad = max(last_bad, s[0])
-        settled_for = p["end"] - last_bad
-        settle.append(last_bad - p["start"] if settled_for >= MIN_SETTLED_S else None)
+            late = [a for a, b in overflows if p["start"] < b <= p["end"] and (settled_at is None or a >= settled_at)]
+            overflows_after += len(late)
 
     after = 0
     for a, _b in gaps:
@@ -480,6 +509,7 @@ def analyse(run: RunData) -> Metrics:
         delay_p95_ms=percentile(delays, 95),
         freezes=len(gaps),
         freezes_after_settle=after,
+        overflows_after_settle=overflows_after if run.shaped else None,
         settle_s=settle,
         drop_phases=drop_phases,
         reclaim_s=reclaim,
@@ -544,6 +574,7 @@ def table(scenario: Scenario, metrics: dict[str, Metrics], shaped: bool) -> str:
         return text + (f" (phase {','.join(str(i + 1) for i in unsettled)} never settled)" if unsettled else "")
 
     row("freezes after settling", after, "0")
+    row("queue overflows after settling", lambda m: _f(m.overflows_after_settle, "d", "n/a"), "(reported)")
     row("settle per phase s", lambda m: "/".join(_f(s, ".1f", "never") for s in m.settle_s))
     if any(metrics[n].drop_phases for n in names):
 
@@ -586,6 +617,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--senders", nargs="+", choices=SENDERS, default=list(SENDERS))
     parser.add_argument("--no-lab", action="store_true", help="loopback without shaping, even where a Lab works")
     parser.add_argument("--fixed-bps", type=int, default=6_000_000, help="bitrate of the fixed sender")
+    parser.add_argument("--viewer", choices=list(VIEWERS), help="the receiving peer (default: chromium, if it can run)")
     parser.add_argument("--json", type=Path, help="write the raw per-run data here")
     args = parser.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C: every open Lab (namespaces, emulator, peers) is closed on the way out
@@ -595,6 +627,9 @@ def main(argv: list[str] | None = None) -> int:
     use_lab = reason is None
     if not use_lab:
         print(f"network lab unavailable ({reason}): running on 127.0.0.1 without shaping")
+    why_not = None if args.viewer else chromium_unavailable()
+    viewer = args.viewer or ("aiortc" if why_not else "chromium")
+    print(f"viewer: {VIEWERS[viewer][1]}" + (f" (chromium unavailable: {why_not})" if why_not else ""))
     chosen = scenarios(1 / 3 if args.quick else 1.0)
     raw: list[dict[str, Any]] = []
     failures = 0
@@ -604,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
         for sender in args.senders:
             print(f"running {scenario.title} with {sender} ...", file=sys.stderr, flush=True)
             try:
-                run = run_one(scenario, sender, use_lab=use_lab, fixed_bps=args.fixed_bps)
+                run = run_one(scenario, sender, use_lab=use_lab, fixed_bps=args.fixed_bps, viewer=viewer)
             except Exception as exc:  # boundary: one failed run must not hide the others
                 failures += 1
                 print(f"  {sender}: run failed: {exc}", file=sys.stderr, flush=True)

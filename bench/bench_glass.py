@@ -54,17 +54,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # measure this che
 
 import aiohttp
 
-from bench.common import machine_busy_cpu_s
+from bench.common import CHROMIUM, CHROMIUM_ARGS, machine_busy_cpu_s
 from broker.embedded import free_port
 from encoder.stats import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [  # FACTS.md: headless Debian Chromium, WebRTC to a peer on 127.0.0.1 with plain host candidates
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--allow-loopback-in-peer-connection",
-    "--disable-features=WebRtcHideLocalIpsWithMdns", "--autoplay-policy=no-user-gesture-required",
-]
 POOL = "game"
 HOST_ID = "bench-glass"
 START_TIMEOUT_S = 60.0  # broker ready, node registered, session streaming: each within this

@@ -1,4 +1,4 @@
-"""Helpers the benchmark scripts share: machine CPU readings and plain-text tables.
+"""Helpers the benchmark scripts share: machine CPU readings, plain-text tables, how to start Chromium.
 
 The scripts run as files (``python bench/bench_x.py``) and put the checkout's root first on
 ``sys.path``, so they import this as ``bench.common`` (a namespace package).
@@ -6,7 +6,24 @@ The scripts run as files (``python bench/bench_x.py``) and put the checkout's ro
 
 from __future__ import annotations
 
+import importlib.util
 import os
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's package; browsers are never downloaded
+CHROMIUM_ARGS = [  # FACTS.md: headless Debian Chromium, WebRTC to a peer on this machine with plain host candidates
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--allow-loopback-in-peer-connection",
+    "--disable-features=WebRtcHideLocalIpsWithMdns", "--autoplay-policy=no-user-gesture-required",
+]  # fmt: skip
+
+
+def chromium_unavailable() -> str | None:
+    """Why Playwright cannot drive ``CHROMIUM`` here, or None if it can."""
+    if not os.access(CHROMIUM, os.X_OK):
+        return f"{CHROMIUM} is missing: install Debian's chromium package (browsers are never downloaded)"
+    if importlib.util.find_spec("playwright") is None:
+        return "the playwright package is not installed"
+    return None
 
 
 def machine_busy_cpu_s() -> float | None:

@@ -3,41 +3,27 @@
 One shortened step-down scenario (6 Mbps -> 1.5 Mbps) in a ``tests.netem.lab.Lab`` with the
 ``ours`` sender of ``bench/abr_peers.py`` (the node's ``SessionRuntime``) and the aiortc
 viewer, driven by ``bench/bench_abr.py``'s own ``run_one``.  It asserts behaviour, not
-timing: the target ends below the new capacity, frames keep arriving after the drop,
+timing: the sender ends under the new capacity, frames keep arriving after the drop,
 input pings are answered.  Skips with the Lab's reason where namespaces cannot be made.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
 from tests.netem.lab import Link, unavailable_reason
+from tests.streamer.benchload import load_bench_abr
 
 pytestmark = [
     pytest.mark.timeout(120),
     pytest.mark.skipif(unavailable_reason() is not None, reason=f"network lab: {unavailable_reason()}"),
 ]
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_abr.py"
 HIGH_BPS, LOW_BPS = 6_000_000, 1_500_000
 
 
-def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_abr", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_abr"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_our_sender_follows_a_capacity_drop_and_input_stays_answered() -> None:
-    bench = load_bench()
+    bench = load_bench_abr()
     base = Link(delay_ms=10.0)
     scenario = bench.Scenario(
         "smoke",
@@ -51,10 +37,14 @@ def test_our_sender_follows_a_capacity_drop_and_input_stays_answered() -> None:
     assert run.shaped
     drop, end = run.phases[1]["start"], run.phases[1]["end"]
 
-    # The controller's target ends below the new capacity (the last 2 s of the low phase).
+    # Over the last 2 s of the low phase the sender sends under the new capacity, and its target
+    # stays near it (it probes a little above: x264 sends under its target, and the probes'
+    # delay shows an overshoot within a period).
     late = [s for s in run.sender_result["samples"] if end - 2.0 <= s[0] <= end and s[1] is not None]
-    assert late, "no sender samples at the end of the low phase"
-    assert max(s[1] for s in late) < LOW_BPS, [s[1] for s in late]
+    sent = [s[2] for s in late if s[2] is not None]
+    assert late and sent, "no sender samples at the end of the low phase"
+    assert sum(sent) / len(sent) < LOW_BPS, sent
+    assert max(s[1] for s in late) < 1.25 * LOW_BPS, [s[1] for s in late]
     counts = run.sender_result["decision_counts"]
     assert counts.get("start") == 1 and sum(counts.values()) > 10
 
