@@ -13,22 +13,27 @@ protocol.js, probe.js and stamp.js); Playwright launches ``/usr/bin/chromium`` h
 after ICE gathering, goes to the parent, the relayed answer back into the page.
 
 Measured in the page (abr_viewer.js), turned into the result here:
-  * frame delay = presentation wall time - the frame's stamp time (ms).  Presentation time is
-    ``requestVideoFrameCallback``'s ``presentationTime``: when Chromium handed the decoded frame
-    to the compositor, after jitter buffer, decode and Chromium's render scheduling -- an event
-    that happened, the closest one to the aiortc viewer's decode-out time.  Not
-    ``expectedDisplayTime``: that is Chromium's estimate of when the frame becomes visible, and
-    headless has no display to make it mean more (measured within 1 ms of presentationTime
-    here; the median difference is kept as ``expected_display_minus_presentation_ms``).  Under
+  * frame delay = the wall time ``requestVideoFrameCallback`` ran for the frame - the frame's
+    stamp time (ms): after jitter buffer, decode and Chromium's render scheduling, the page
+    gets the frame.  Not the callback's ``presentationTime`` (when Chromium handed the frame to
+    the compositor, a few ms earlier: the median gap is kept as ``callback_minus_presentation_ms``):
+    in headless Chromium on this loaded machine that timebase drifted off the real clock in
+    some runs, by up to 2.5 ms a second, so frame delays fell below the path's own delay and
+    then below zero within 20 s; the callback's ``performance.now()`` did not drift (checked
+    against ``Date.now()`` and the node's clock).  ``expectedDisplayTime`` is Chromium's estimate
+    of when the frame becomes visible (headless has no display; median difference to
+    presentationTime kept as ``expected_display_minus_presentation_ms``).  Under
     load the callback's drawn image can be a newer frame than the one its metadata describes;
     the sender's RTP timestamps (its render clock at 90 kHz plus a random origin for
     ``ours``/``fixed``; aiortc's capture clock, a few ms off the render time, for ``stock``)
     pair each sample with its own frame (``pair_frames``).  Unreadable stamps: frame callbacks
     whose drawn stamp strip does not decode (a corrupt picture);
   * goodput: inbound-rtp video ``bytesReceived`` polled every 100 ms (payload bytes), each
-    poll's increase put in the bin of the poll's wall time.  Chromium counts retransmissions
-    (RTX) apart, in ``retransmittedBytesReceived`` (not a part of ``bytesReceived``, whatever
-    the spec says), so both are added: "retransmissions included", as the aiortc viewer;
+    poll's increase put in the bin of the poll's wall time.  Retransmissions (RTX) are in it,
+    as in the aiortc viewer's count: ``retransmittedBytesReceived`` is a part of
+    ``bytesReceived``, as the spec says (measured: adding it on top made the goodput exceed
+    the bytes the bottleneck forwarded, 2.46 Mbps through a 2 Mbps link, where bytesReceived
+    alone is the forwarded bytes less 55-75 bytes of headers a packet);
   * pings: ``{"t":"ping"}`` every ``--ping-ms`` on the input channel, answered by the node.
 
 Concurrency model: the viewer child's one asyncio loop runs the parent's signals, the page
@@ -126,15 +131,16 @@ def pair_frames(samples: Sequence[Sequence[Any]]) -> tuple[list[list[Any]], int]
 
 
 def goodput_bins(polls: Sequence[Sequence[Any]], bin_s: float) -> list[list[int]]:
-    """Sorted ``[int(t / bin_s), bytes]``: each poll's increase of bytesReceived + retransmittedBytesReceived.
+    """Sorted ``[int(t / bin_s), bytes]``: each poll's increase of bytesReceived (retransmissions included).
 
-    A poll is ``[wall s, bytesReceived, retransmittedBytesReceived or None]``; the first is the
-    zero baseline taken before the stream starts.
+    A poll is ``[wall s, bytesReceived, retransmittedBytesReceived or None]`` (the last kept
+    for reference: it is a part of bytesReceived); the first is the zero baseline taken
+    before the stream starts.
     """
     bins: dict[int, int] = {}
     last: int | None = None
-    for t, received, retransmitted in polls:
-        total = int(received) + int(retransmitted or 0)
+    for t, received, _retransmitted in polls:
+        total = int(received)
         if last is not None and total > last:
             key = int(float(t) / bin_s)
             bins[key] = bins.get(key, 0) + total - last
@@ -216,6 +222,7 @@ async def run_chromium_viewer(
         shutil.rmtree(profile, ignore_errors=True)
     frames, corrected = pair_frames(data["frames"])
     display_gaps = [float(s[6]) for s in data["frames"] if s[6] is not None]
+    callback_gaps = [float(s[7]) for s in data["frames"] if len(s) > 7 and s[7] is not None]
     return {
         "frames": frames,
         "unreadable_stamps": int(data["unreadable"]),
@@ -224,11 +231,13 @@ async def run_chromium_viewer(
         "pings": data["pings"],
         "pings_unanswered": sorted(data["unanswered"]),
         "viewer": "chromium",
-        "display_time": "presentationTime",
+        "display_time": "frame callback",
+        "callback_minus_presentation_ms": statistics.median(callback_gaps) if callback_gaps else None,
         "expected_display_minus_presentation_ms": statistics.median(display_gaps) if display_gaps else None,
         "mismatched_frames": corrected,  # samples whose drawn image was another frame, paired by RTP time
         "frame_callbacks": int(data["callbacks"]),
         "host_candidates": hosts,  # of Chromium's offer
         "inbound": data["inbound"],  # Chromium's last inbound-rtp video report (selected keys)
         "clock_offset_ms": data["clockOffsetMs"],  # page: wall clock - (timeOrigin + performance.now())
+        "frame_samples": data["frames"],  # the page's raw samples (see abr_viewer.js)
     }

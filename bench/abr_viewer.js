@@ -7,9 +7,10 @@
 // records with window.abr.finish(); it turns them into bench_abr's viewer result (pairing frames,
 // goodput bins).  Records, all times wall clock (ms since the epoch unless said otherwise):
 //   frames: per requestVideoFrameCallback with a readable stamp (web/stamp.js, sampled as
-//     web/stats.js does), [presentation time, metadata rtpTimestamp, stamp ts_ms, stamp frame
-//     number, metadata width, height, expectedDisplayTime - presentationTime];
-//   polls: every STATS_POLL_MS, [wall s, inbound-rtp video bytesReceived, retransmittedBytesReceived];
+//     web/stats.js does), [callback time, metadata rtpTimestamp, stamp ts_ms, stamp frame
+//     number, metadata width, height, expectedDisplayTime - presentationTime, callback time -
+//     presentationTime, presentationTime - receiveTime];
+//   polls: every STATS_POLL_MS, [wall s, inbound-rtp video bytesReceived, retransmittedBytesReceived (a part of it)];
 //   pings: {"t":"ping"} every pingMs on the input channel; [sent wall s, rtt ms] per pong.
 // Wall time = performance clock + an offset read once at a Date.now() tick (Date.now() counts whole
 // ms), so every record shares one clock with the node's stamps (same machine).
@@ -116,9 +117,14 @@ class AbrViewer {
       stamp = parseStamp(cellBits(this.ctx.getImageData(0, 0, cw, ch).data, STAMP_SCALE));
     } catch { /* no drawable frame yet */ }
     if (!stamp) { this.unreadable += 1; return; }
-    const shown = this.wallMs(meta.presentationTime);
+    // shown = when this callback runs, on the page's real clock.  Not metadata.presentationTime:
+    // in headless Chromium under load it drifted off the real clock (up to 2.5 ms/s: frame delays
+    // went negative within a 20 s run); the callback runs a few ms after it (column 8).
+    const cbMs = performance.now();
+    const shown = this.wallMs(cbMs);
     this.frames.push([round1(shown), rtp, stamp.tsMs, stamp.frameNo, meta.width, meta.height,
-      round1(meta.expectedDisplayTime - meta.presentationTime)]);
+      round1(meta.expectedDisplayTime - meta.presentationTime), round1(cbMs - meta.presentationTime),
+      Number.isFinite(meta.receiveTime) ? round1(meta.presentationTime - meta.receiveTime) : null]);
     if (!this.firstShown) {
       this.firstShown = true;
       if (window.abrFirstFrame) window.abrFirstFrame(shown / 1000); // exposed by abr_chromium.py

@@ -31,10 +31,11 @@ Viewers (``--viewer``; in the viewer namespace; the header line names the one us
   chromium = headless Debian Chromium, the product's browser (``abr_peers.py viewer --browser
              chromium``: ``bench/abr_chromium.py`` drives ``bench/abr_viewer.js`` through
              Playwright), connecting like web/peer.js, probe answers included.  A frame is
-             "shown" at requestVideoFrameCallback's ``presentationTime`` (handed to the
-             compositor after jitter buffer and decode); its stamp is read from the drawn
+             "shown" when requestVideoFrameCallback runs for it (after jitter buffer, decode
+             and render scheduling; not its ``presentationTime``, whose timebase drifted in
+             headless Chromium, see abr_chromium.py); its stamp is read from the drawn
              video (web/stamp.js) and paired with the callback's own frame by RTP timestamp.
-             Goodput: inbound-rtp ``bytesReceived`` + ``retransmittedBytesReceived`` every 100 ms.
+             Goodput: inbound-rtp ``bytesReceived`` (retransmissions are a part of it) every 100 ms.
 
 Measures, per scenario x sender (definitions; t = wall time, phase = a constant-capacity
 span of the script, the first phase starting when the viewer decodes its first frame):

@@ -28,6 +28,12 @@ aiortc seams used (aiortc 1.16 / aioice 0.13, no vendored copies):
   the subclass adds two attributes and no ``__init__`` state.  It also
   overrides ``_retransmit(seq)`` (aiortc calls it for each NACKed sequence
   number) to ask a ``streamer.rtx.RetransmitLimiter`` first.
+- Retransmission history: aiortc's sender keeps the last ``RTP_HISTORY_SIZE``
+  packets (128: 0.18 s at 7 Mbps) to answer NACKs from; a packet lost twice
+  (its retransmission too) was gone by the second NACK and the viewer's picture
+  froze until a keyframe.  Importing this module raises the sender module's
+  constant to ``RETRANSMIT_HISTORY_PACKETS`` (aiortc reads it on every send and
+  NACK; its receiver has its own copy, untouched).
 - Host candidates: aioice's ``Connection.gather_candidates`` lists interface
   addresses (skipping 127.0.0.1) and passes them to its public
   ``get_component_candidates(component, addresses)``.  ``AdvertisingConnection``
@@ -60,6 +66,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, cast
 
+import aiortc.rtcrtpsender as aiortc_sender
 from aioice import Connection
 from aioice.candidate import Candidate
 from aiortc import (
@@ -96,6 +103,10 @@ from streamer.probe import PROBE_INTERVAL_MS, ProbeSample, ProbeTracker
 from streamer.rtx import RetransmitCounters, RetransmitLimiter
 
 log = logging.getLogger(__name__)
+
+# Packets kept to answer NACKs from: 1.4 s at 7 Mbps, as libwebrtc keeps about a second.
+RETRANSMIT_HISTORY_PACKETS: Final = 1_024
+aiortc_sender.RTP_HISTORY_SIZE = max(aiortc_sender.RTP_HISTORY_SIZE, RETRANSMIT_HISTORY_PACKETS)
 
 # H.264 packetization-mode=1 profiles aiortc offers, in our order of preference:
 # the encoder emits constrained baseline (42e01f), which is also valid baseline (42001f).

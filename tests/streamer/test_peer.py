@@ -197,3 +197,18 @@ async def test_adopt_refuses_a_foreign_sender_type() -> None:
     finally:
         await pc.close()
         await asyncio.sleep(0)
+
+
+def test_the_sender_keeps_a_second_of_packets_to_answer_nacks_from() -> None:
+    # The seam (streamer.peer's docstring): aiortc's sender reads RTP_HISTORY_SIZE from its
+    # module on every send and NACK; the receiver's copy stays as it was.
+    import aiortc.rtcrtpreceiver
+    import aiortc.rtcrtpsender
+    import aiortc.rtp
+
+    from streamer.peer import RETRANSMIT_HISTORY_PACKETS
+
+    assert aiortc.rtcrtpsender.RTP_HISTORY_SIZE == RETRANSMIT_HISTORY_PACKETS
+    assert aiortc.rtcrtpreceiver.RTP_HISTORY_SIZE == aiortc.rtp.RTP_HISTORY_SIZE == 128
+    for method in (RTCRtpSender._retransmit, RTCRtpSender._run_rtp):
+        assert "RTP_HISTORY_SIZE" in method.__code__.co_names, method

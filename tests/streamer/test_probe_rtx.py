@@ -1,13 +1,14 @@
-"""Delay-probe bookkeeping, the retransmission limiter and its share of the bits: pure, fake clock."""
+"""Delay probes, retransmissions (limiter, their share of the bits) and report loss: pure, no clock."""
 
 from __future__ import annotations
 
 import pytest
+from aiortc.rtp import RtcpReceiverInfo
 
 from streamer.inputs import ProbeAck
 from streamer.probe import PROBE_FORGET_MS, STALL_MIN_PACKETS, ProbeSample, ProbeTracker
 from streamer.rtx import MIN_RETRANSMIT_INTERVAL_MS, RTX_BURST_MS, RTX_PACKET_BITS, RetransmitLimiter
-from streamer.session import media_bps
+from streamer.session import LossWindow, media_bps
 
 # --- ProbeTracker ------------------------------------------------------------------------
 
@@ -128,3 +129,21 @@ def test_retransmissions_are_paid_for_out_of_the_encoders_bits_up_to_half() -> N
     assert media_bps(4_000_000, 0) == 4_000_000
     assert media_bps(4_000_000, 1_000_000) == 3_000_000
     assert media_bps(4_000_000, 3_000_000) == 2_000_000  # never under half
+
+
+def report(highest: int, lost: int, fraction: int = 128) -> RtcpReceiverInfo:
+    return RtcpReceiverInfo(ssrc=1, fraction_lost=fraction, packets_lost=lost, highest_sequence=highest,
+                            jitter=0, lsr=0, dlsr=0)  # fmt: skip
+
+
+def test_receiver_report_loss_is_taken_over_at_least_50_packets_not_each_reports_own_span() -> None:
+    window = LossWindow()
+    assert window.fraction_lost(None) is None
+    assert window.fraction_lost(report(1_000, 10)) is None  # the reference
+    # Chromium's report with a NACK: 2 packets since its previous one, 1 lost ("50 %")
+    assert window.fraction_lost(report(1_002, 11)) is None  # under 50 packets: no loss sample yet
+    assert window.fraction_lost(report(1_100, 12)) == 2 * 256 // 100  # 2 lost in 100: 2 %
+    assert window.fraction_lost(report(1_150, 12)) == 0
+    assert window.fraction_lost(report(1_200, 100)) == 255  # capped under 256
+    assert window.fraction_lost(report(10, 0)) is None  # the sequence went back: a new reference
+    assert window.fraction_lost(report(70, 6)) == 6 * 256 // 60
