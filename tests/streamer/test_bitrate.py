@@ -533,3 +533,13 @@ def test_fast_mode_ignores_receiver_report_delay_and_ends_without_probes() -> No
     later = run([(1_400, Feedback(remb_bps=500_000)), (1_800, Feedback(remb_bps=500_000))], state)
     assert later[0].signals.fast is True and later[0].signals.remb_cap_bps is None
     assert later[1].signals.fast is False and (later[1].reason, later[1].target_bps) == ("remb_cap", 425_000)
+
+
+def test_fast_mode_ramps_8_percent_a_second_near_the_capacity_a_cut_found() -> None:
+    # A severe probe (120 ms) cuts 1 Mbps carried to 800 kbps: the capacity is 1 Mbps, and 800 kbps
+    # is within 20 % of it, so after the 300 ms hold the ramp is x1.08/s (the path overflowed there).
+    cut = run([(0, fast()), (200, fast()), (400, fast(rtt=120.0))])[-1]
+    assert (cut.reason, cut.target_bps, cut.signals.capacity_bps) == ("delay_backoff", 800_000, 1_000_000)
+    near = run([(1_000, fast(rtt=20.0, rate=800_000, recv=800_000))], cut.state)[-1]
+    assert near.reason == "ramp_near"
+    assert near.target_bps == 800_000 + int((1.08**0.3 - 1) * 800_000)  # 300 ms past the hold
