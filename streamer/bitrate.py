@@ -118,6 +118,10 @@ PROBE_DRAIN_FALL_MS = 5.0
 # The viewer receives under this share of the send rate: the path carries less than we send.
 RECV_SHORTFALL_PERCENT = 80
 RECV_SEVERE_PERCENT = 50  # under this share, one sample is enough to cut (a capacity drop)
+# Under this share the path is saturated (what we send beyond it queues): no cut, but no ramp.
+# Measured on the lab's 8 Mbps link: the viewer's rate sat at 7.5 Mbps while the ramp took the
+# send rate to 8.2 Mbps and the probes' queue over the threshold and into an overflow.
+RECV_SATURATION_PERCENT = 95
 # A probe RTT above baseline + this many thresholds cuts at once (a queue that high is no noise).
 PROBE_SEVERE_THRESHOLDS = 2
 FAST_MULTIPLICATIVE_INCREASE_PER_S = 1.5  # fast mode, far from the known capacity
@@ -379,13 +383,14 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
     # the send rate is a path's measure only while the encoder uses its bits (not app-limited)
     path_limited = send_rate is not None and send_rate * 100 >= state.target_bps * APP_LIMITED_PERCENT
     shortfall_samples = state.shortfall_samples
-    severe = False
+    severe = saturated = False
     if feedback.recv_rate_bps is not None and send_rate is not None and send_rate > 0 and path_limited:
         # against the lower of the send rate and the target: the send rate is a second's average,
         # still high for a second after a cut that the viewer's rate already shows
         sent = min(send_rate, state.target_bps)
         short = feedback.recv_rate_bps * 100 < sent * RECV_SHORTFALL_PERCENT
         severe = feedback.recv_rate_bps * 100 < sent * RECV_SEVERE_PERCENT
+        saturated = feedback.recv_rate_bps * 100 < sent * RECV_SATURATION_PERCENT
         shortfall_samples = shortfall_samples + 1 if short else 0
 
     # -- candidate target -------------------------------------------------------------------
@@ -435,7 +440,12 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
             # this congestion event is answered; a new one must persist
             delay_high_samples = shortfall_samples = 0
             probe = replace(probe, high_samples=0)
-        elif in_hold or loss_holds or delay_high_samples > 0 or (fast and (probe.high or shortfall_samples > 0)):
+        elif (
+            in_hold
+            or loss_holds
+            or delay_high_samples > 0
+            or (fast and (probe.high or shortfall_samples > 0 or saturated))
+        ):
             candidate, reason = target, BitrateReason.HOLD
         else:
             candidate, reason, capacity = _ramp(state, rtt, now_ms, fast)

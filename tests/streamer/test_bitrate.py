@@ -543,3 +543,12 @@ def test_fast_mode_ramps_8_percent_a_second_near_the_capacity_a_cut_found() -> N
     near = run([(1_000, fast(rtt=20.0, rate=800_000, recv=800_000))], cut.state)[-1]
     assert near.reason == "ramp_near"
     assert near.target_bps == 800_000 + int((1.08**0.3 - 1) * 800_000)  # 300 ms past the hold
+
+
+def test_fast_mode_holds_the_ramp_while_the_viewer_receives_less_than_we_send() -> None:
+    # 1 Mbps sent, 940 kbps received (< 95 %): the path is full, what we send beyond it queues.
+    decisions = run([(0, fast()), (200, fast(rate=1_000_000, recv=940_000))])
+    assert (decisions[-1].reason, decisions[-1].target_bps) == ("hold", 1_000_000)
+    # 960 kbps (>= 95 %): ramp on, capped at 120 % of it
+    decisions = run([(0, fast()), (200, fast(rate=1_000_000, recv=960_000))])
+    assert decisions[-1].reason == "ramp_multiplicative" and decisions[-1].target_bps > 1_000_000
