@@ -5,7 +5,7 @@ to a third; ``--scenarios a c`` and ``--senders ours stock`` narrow a run; ``--v
 or ``chromium`` picks the receiving peer, by default Chromium where it can run, else aiortc
 (the reason printed); ``--no-lab`` runs on 127.0.0.1 without shaping; ``--json FILE`` keeps
 the raw per-run data).  The full run
-takes about 5 minutes (3 scenarios x 3 senders, one after the other, each with a fresh Lab).
+takes about 10 minutes (3 scenarios x 3 senders, one after the other, each with a fresh Lab).
 
 Network: each run gets a fresh ``tests.netem.lab.Lab`` (node and viewer namespaces joined
 through a router namespace: htb rate with a 100 ms drop-tail queue, nftables random loss,
