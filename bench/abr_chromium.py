@@ -16,11 +16,12 @@ Measured in the page (abr_viewer.js), turned into the result here:
   * frame delay = the wall time ``requestVideoFrameCallback`` ran for the frame - the frame's
     stamp time (ms): after jitter buffer, decode and Chromium's render scheduling, the page
     gets the frame.  Not the callback's ``presentationTime`` (when Chromium handed the frame to
-    the compositor, a few ms earlier: the median gap is kept as ``callback_minus_presentation_ms``):
-    in headless Chromium on this loaded machine that timebase drifted off the real clock in
-    some runs, by up to 2.5 ms a second, so frame delays fell below the path's own delay and
-    then below zero within 20 s; the callback's ``performance.now()`` did not drift (checked
-    against ``Date.now()`` and the node's clock).  ``expectedDisplayTime`` is Chromium's estimate
+    the compositor, 4-7 ms earlier: the median gap is kept as ``callback_minus_presentation_ms``):
+    frame delays computed from it fell by up to 2.5 ms a second in some runs, below the path's
+    own delay and then below zero within 20 s, a cause not pinned down (``performance.now()``
+    did not drift against ``Date.now()``, nor the node's clock against its monotonic one; in
+    the runs since, the callback-to-presentationTime gap stayed flat).  The callback's own
+    ``performance.now()`` is a reading of the real clock.  ``expectedDisplayTime`` is Chromium's estimate
     of when the frame becomes visible (headless has no display; median difference to
     presentationTime kept as ``expected_display_minus_presentation_ms``).  Under
     load the callback's drawn image can be a newer frame than the one its metadata describes;

@@ -118,8 +118,8 @@ class AbrViewer {
     } catch { /* no drawable frame yet */ }
     if (!stamp) { this.unreadable += 1; return; }
     // shown = when this callback runs, on the page's real clock.  Not metadata.presentationTime:
-    // in headless Chromium under load it drifted off the real clock (up to 2.5 ms/s: frame delays
-    // went negative within a 20 s run); the callback runs a few ms after it (column 8).
+    // frame delays read from it drifted (up to 2.5 ms/s, negative within a 20 s run) in some runs,
+    // cause not found (abr_chromium.py); the callback runs a few ms after it (column 8).
     const cbMs = performance.now();
     const shown = this.wallMs(cbMs);
     this.frames.push([round1(shown), rtp, stamp.tsMs, stamp.frameNo, meta.width, meta.height,

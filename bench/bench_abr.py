@@ -32,8 +32,8 @@ Viewers (``--viewer``; in the viewer namespace; the header line names the one us
              chromium``: ``bench/abr_chromium.py`` drives ``bench/abr_viewer.js`` through
              Playwright), connecting like web/peer.js, probe answers included.  A frame is
              "shown" when requestVideoFrameCallback runs for it (after jitter buffer, decode
-             and render scheduling; not its ``presentationTime``, whose timebase drifted in
-             headless Chromium, see abr_chromium.py); its stamp is read from the drawn
+             and render scheduling; not its ``presentationTime``: delays read from it drifted
+             below zero in some runs, see abr_chromium.py); its stamp is read from the drawn
              video (web/stamp.js) and paired with the callback's own frame by RTP timestamp.
              Goodput: inbound-rtp ``bytesReceived`` (retransmissions are a part of it) every 100 ms.
 

@@ -93,23 +93,24 @@ class ControlStep:
             "remb_bps": s.remb_bps,
             "remb_cap_bps": s.remb_cap_bps,
             "send_rate_bps": s.send_rate_bps,
-            "rtt_ms": _round(s.rtt_ms),
-            "rtt_baseline_ms": _round(s.rtt_baseline_ms),
-            "jitter_ms": _round(s.jitter_ms),
-            "jitter_baseline_ms": _round(s.jitter_baseline_ms),
+            "rtt_ms": round2(s.rtt_ms),
+            "rtt_baseline_ms": round2(s.rtt_baseline_ms),
+            "jitter_ms": round2(s.jitter_ms),
+            "jitter_baseline_ms": round2(s.jitter_baseline_ms),
             "loss": round(s.loss_ratio, 4),
             "lost_packets_delta": s.lost_packets_delta,
             "capacity_bps": s.capacity_bps,
             "app_limited": s.app_limited,
             "fast": s.fast,
-            "probe_rtt_ms": _round(s.probe_rtt_ms),
-            "probe_rtt_baseline_ms": _round(s.probe_rtt_baseline_ms),
-            "probe_threshold_ms": _round(s.probe_threshold_ms),
+            "probe_rtt_ms": round2(s.probe_rtt_ms),
+            "probe_rtt_baseline_ms": round2(s.probe_rtt_baseline_ms),
+            "probe_threshold_ms": round2(s.probe_threshold_ms),
             "recv_rate_bps": s.recv_rate_bps,
         }
 
 
-def _round(value: float | None) -> float | None:
+def round2(value: float | None) -> float | None:
+    """Two decimals for telemetry (None stays None)."""
     return round(value, 2) if value is not None else None
 
 

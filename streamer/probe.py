@@ -96,20 +96,20 @@ class ProbeTracker:
         if sent is None:
             return False
         self._rtts.append(max(0.0, now_ms - sent))
-        if self._rx and ack.rx_packets < self._rx[-1][1]:
+        went_back = bool(self._rx) and ack.rx_packets < self._rx[-1][1]
+        if went_back:
             self._rx.clear()  # the count went back: a new stream
         if not self._rx or ack.rx_ms > self._rx[-1][0]:
             self._rx.append((ack.rx_ms, ack.rx_packets))
             self._rx_arrived_ms = now_ms
             while self._rx[0][0] < ack.rx_ms - RECV_RATE_WINDOW_MS:
                 self._rx.popleft()
-            self._count_frames(ack)
+            self._count_frames(ack, went_back)
         return True
 
-    def _count_frames(self, ack: ProbeAck) -> None:
+    def _count_frames(self, ack: ProbeAck, went_back: bool) -> None:
         if ack.frames_decoded is None:
             return
-        went_back = self._newest is not None and ack.rx_packets < self._newest[1]
         if self._decoded is None or went_back or ack.frames_decoded != self._decoded:
             self._decoded = ack.frames_decoded
             self._decoded_at = (ack.rx_ms, ack.rx_packets)

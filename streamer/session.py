@@ -68,7 +68,14 @@ from streamer import bitrate as bitrate_policy
 from streamer import ladder as ladder_policy
 from streamer.bitrate import DESKTOP_PROFILE, GAME_PROFILE, BitrateProfile, Feedback
 from streamer.capture import FrameSource, open_capture
-from streamer.control import CODEC_PREFERENCES, SENDABLE_BACKENDS, ControlStep, StreamController, choose_backend
+from streamer.control import (
+    CODEC_PREFERENCES,
+    SENDABLE_BACKENDS,
+    ControlStep,
+    StreamController,
+    choose_backend,
+    round2,
+)
 from streamer.display import DisplayConfig, VirtualDisplay
 from streamer.game import Game
 from streamer.inputsink import GameSource, InputRouter, XInputSink, wall_clock_ms
@@ -392,7 +399,7 @@ class SessionRuntime:
             "ladder_reason": step.ladder.reason.value if step else None,
             # the viewer's answers to delay probes (None: it answers none): the period's lowest
             # round trip, and the rate it receives video at
-            "probe_rtt_ms": _round2(step.bitrate.signals.probe_rtt_ms) if step else None,
+            "probe_rtt_ms": round2(step.bitrate.signals.probe_rtt_ms) if step else None,
             "recv_rate_bps": step.bitrate.signals.recv_rate_bps if step else None,
             "encoder_reasons": list(self._selection_reasons),
             # newest control steps, oldest first: ControlStep.record() (target, reasons, rung, signals)
@@ -812,10 +819,6 @@ class SessionRuntime:
                 await self._on_event(name, info)
             except Exception:  # task boundary: the owner's handler failed; keep delivering
                 log.exception("session %s: on_event(%r) failed", self.spec.id, name)
-
-
-def _round2(value: float | None) -> float | None:
-    return round(value, 2) if value is not None else None
 
 
 def _error(code: str, detail: str) -> dict[str, Any]:

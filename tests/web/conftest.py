@@ -16,18 +16,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bench.common import CHROMIUM, CHROMIUM_ARGS
 from tests.conftest import ADMIN, NODE, SECRET, auth
 from tests.procs import Proc, broker_process
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync",
-    # WebRTC to a peer on this machine (loopback or a local address), with plain host candidates
-    "--allow-loopback-in-peer-connection", "--disable-features=WebRtcHideLocalIpsWithMdns",
-    "--autoplay-policy=no-user-gesture-required",
-]
 VIEWPORT = {"width": 1280, "height": 720}
 
 
