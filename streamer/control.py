@@ -9,7 +9,7 @@ preference and the codecs the viewer's offer can receive.
 session runtime applies the resulting ``ControlStep`` (decide, then apply).
 It also calibrates the encoder: ``encoder_bps`` = target x a gain that makes
 the measured send rate meet the target (``rate_match_gain``: x264 steered
-through a one-frame VBV spends about 86 % of its bitrate, since a frame under
+through a one-frame VBV spends about 82-86 % of its bitrate, since a frame under
 its budget cannot lend the rest to the next).
 
 Concurrency model: none.  No clock (time comes in as ``now_ms``), no I/O, no
@@ -22,7 +22,8 @@ viewer offered; the ladder always sees the bitrate decision of the same step.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -116,23 +117,50 @@ def round2(value: float | None) -> float | None:
 
 # Rate match: the encoder gets target x gain, gain in [1, RATE_MATCH_MAX_GAIN], nudged each period
 # while the encoder uses its bits (not application-limited) so the send rate meets the target.
-RATE_MATCH_MAX_GAIN: Final = 1.2
+# The send rate is an average over RATE_MATCH_WINDOW_MS, so it is compared with the target's
+# average over the same span: against the latest target alone, the send rate looks too high for
+# half a second after every cut and the gain was pulled down to 1 (ABR lab, 8 Mbps: the gain
+# fell 1.2 -> 1.0 after each cut and took 4 s to climb back, sending 80 % of the target meanwhile).
+RATE_MATCH_WINDOW_MS: Final = 500  # = streamer.session.SEND_RATE_WINDOW_S
+RATE_MATCH_MAX_GAIN: Final = 1.3  # x264 in a one-frame VBV sent 82-84 % of its bitrate on the lab
 RATE_MATCH_LOW: Final = 0.95  # send rate under 95 % of the target: raise the gain
 RATE_MATCH_HIGH: Final = 1.0  # send rate over the target: lower it
-RATE_MATCH_UP: Final = 1.01  # per period (+5 %/s at 200 ms): slow, the send rate lags by its window
-RATE_MATCH_DOWN: Final = 1.03  # per period: an overshoot is undone faster than it was built
+RATE_MATCH_UP_PER_S: Final = 1.1  # the send rate lags by its window: rise slowly
+RATE_MATCH_DOWN_PER_S: Final = 1.16  # at least; a bigger overshoot is undone in one step
 
 
-def rate_match_gain(gain: float, target_bps: int | None, send_rate_bps: int | None, app_limited: bool) -> float:
-    """The next encoder gain, from the send rate measured under ``target_bps`` (the target in force)."""
-    if target_bps is None or send_rate_bps is None or app_limited or target_bps <= 0:
+def rate_match_gain(
+    gain: float, target_bps: float | None, send_rate_bps: int | None, app_limited: bool, elapsed_ms: int
+) -> float:
+    """The next encoder gain, from the send rate measured under ``target_bps`` (the target in force
+    over the send rate's window, averaged), ``elapsed_ms`` after the previous one.  Over the
+    target, the gain falls by the overshoot (at least RATE_MATCH_DOWN_PER_S for the time
+    elapsed), so an encoder that suddenly spends all its bits is reined in at once."""
+    if target_bps is None or send_rate_bps is None or app_limited or target_bps <= 0 or elapsed_ms <= 0:
         return gain
+    seconds = min(elapsed_ms, 1_000) / 1000
     ratio = send_rate_bps / target_bps
     if ratio < RATE_MATCH_LOW:
-        return min(RATE_MATCH_MAX_GAIN, gain * RATE_MATCH_UP)
+        return min(RATE_MATCH_MAX_GAIN, gain * RATE_MATCH_UP_PER_S**seconds)
     if ratio > RATE_MATCH_HIGH:
-        return max(1.0, gain / RATE_MATCH_DOWN)
+        return max(1.0, gain / max(RATE_MATCH_DOWN_PER_S**seconds, ratio))
     return gain
+
+
+def mean_target(history: Sequence[tuple[int, int]], now_ms: int, window_ms: int = RATE_MATCH_WINDOW_MS) -> float:
+    """The time-weighted mean of a stepwise target over [now_ms - window_ms, now_ms].
+
+    ``history`` holds (since_ms, target_bps) steps, oldest first, non-empty; the first step is
+    taken to hold before its own time as well (nothing older is known).
+    """
+    start = now_ms - window_ms
+    total = 0.0
+    for i, (since, value) in enumerate(history):
+        until = history[i + 1][0] if i + 1 < len(history) else now_ms
+        lo, hi = (start if i == 0 else max(start, since)), min(until, now_ms)
+        if hi > lo:
+            total += value * (hi - lo)
+    return total / window_ms if window_ms > 0 else float(history[-1][1])
 
 
 class StreamController:
@@ -143,6 +171,8 @@ class StreamController:
         self._ladder = ladder_policy.initial_state(ladder, profile.start_bps)
         self.gain = 1.0  # rate match (see rate_match_gain)
         self.last: ControlStep | None = None
+        self._targets: deque[tuple[int, int]] = deque()  # (since_ms, target_bps) over the rate-match window
+        self._last_ms = 0  # the previous update's now_ms
 
     @property
     def rung(self) -> Rung:
@@ -151,12 +181,20 @@ class StreamController:
 
     def update(self, feedback: Feedback, now_ms: int) -> ControlStep:
         """Fold one period's feedback in (``now_ms``: a monotonic clock, milliseconds)."""
-        in_force = self._bitrate.target_bps if self._bitrate.started else None
+        in_force = mean_target(self._targets, now_ms) if self._targets else None
         bitrate = bitrate_policy.decide(self._bitrate, feedback, now_ms)
         ladder = ladder_policy.decide(
             self._ladder, bitrate.target_bps, now_ms, app_limited=bitrate.signals.app_limited
         )
-        self.gain = rate_match_gain(self.gain, in_force, feedback.send_rate_bps, bitrate.signals.app_limited)
+        elapsed_ms = now_ms - self._last_ms if self.last is not None else 0
+        self.gain = rate_match_gain(
+            self.gain, in_force, feedback.send_rate_bps, bitrate.signals.app_limited, elapsed_ms
+        )
+        self._last_ms = now_ms
         self._bitrate, self._ladder = bitrate.state, ladder.state
+        if not self._targets or self._targets[-1][1] != bitrate.target_bps:
+            self._targets.append((now_ms, bitrate.target_bps))
+        while len(self._targets) > 1 and self._targets[1][0] <= now_ms - RATE_MATCH_WINDOW_MS:
+            self._targets.popleft()
         self.last = ControlStep(bitrate, ladder, round(bitrate.target_bps * self.gain))
         return self.last

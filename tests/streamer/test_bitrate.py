@@ -521,7 +521,7 @@ def test_fast_mode_loss_without_a_queue_does_not_hold_and_answered_loss_does_not
     # 30 % loss reported 1 s after a probe cut: that cut answered it.  2 s after: a new loss event.
     cut = run([(0, fast()), (200, fast()), (400, fast(rtt=120.0))])[-1].state
     later = run([(1_400, fast(fraction_lost=77, rate=800_000)), (2_600, fast(fraction_lost=77, rate=800_000))], cut)
-    assert [str(d.reason) for d in later] == ["ramp_near", "loss_backoff"]
+    assert [str(d.reason) for d in later] == ["ramp_multiplicative", "loss_backoff"]
 
 
 def test_fast_mode_ignores_receiver_report_delay_and_ends_without_probes() -> None:
@@ -535,14 +535,63 @@ def test_fast_mode_ignores_receiver_report_delay_and_ends_without_probes() -> No
     assert later[1].signals.fast is False and (later[1].reason, later[1].target_bps) == ("remb_cap", 425_000)
 
 
-def test_fast_mode_ramps_8_percent_a_second_near_the_capacity_a_cut_found() -> None:
-    # A severe probe (120 ms) cuts 1 Mbps carried to 800 kbps: the capacity is 1 Mbps, and 800 kbps
-    # is within 20 % of it, so after the 300 ms hold the ramp is x1.08/s (the path overflowed there).
+def test_fast_mode_ramps_fast_up_to_90_percent_of_the_capacity_a_cut_found_then_8_percent_a_second() -> None:
+    # A severe probe (120 ms) cuts 1 Mbps carried to 800 kbps: the capacity is the 1 Mbps the viewer
+    # received.  After the 300 ms hold the ramp is x1.5/s, but stops at 900 kbps (90 % of it, where
+    # the near band starts); from there it is x1.08/s (the path overflowed at 1 Mbps).
     cut = run([(0, fast()), (200, fast()), (400, fast(rtt=120.0))])[-1]
     assert (cut.reason, cut.target_bps, cut.signals.capacity_bps) == ("delay_backoff", 800_000, 1_000_000)
-    near = run([(1_000, fast(rtt=20.0, rate=800_000, recv=800_000))], cut.state)[-1]
+    fast_ramp = run([(1_000, fast(rtt=20.0, rate=800_000, recv=800_000))], cut.state)[-1]
+    assert (fast_ramp.reason, fast_ramp.target_bps) == ("ramp_multiplicative", 900_000)  # 1.5 ** 0.3 would be 903 k
+    near = run([(1_200, fast(rtt=20.0, rate=900_000, recv=900_000))], fast_ramp.state)[-1]
     assert near.reason == "ramp_near"
-    assert near.target_bps == 800_000 + int((1.08**0.3 - 1) * 800_000)  # 300 ms past the hold
+    assert near.target_bps == 900_000 + int((1.08**0.2 - 1) * 900_000)
+    # a capacity that is no multiple of 10: the ramp stops at the band's edge, rounded down, and
+    # goes on from there (it once stood still on the edge, neither under it nor in the band)
+    odd = replace(cut.state, capacity_bps=1_856_643, target_bps=1_600_000)
+    edge = run([(1_000, fast(rtt=20.0, rate=1_600_000, recv=1_600_000))], odd)[-1]
+    assert edge.target_bps == 1_856_643 * 90 // 100
+    on = run([(1_200, fast(rtt=20.0, rate=edge.target_bps, recv=edge.target_bps))], edge.state)[-1]
+    assert on.reason == "ramp_near" and on.target_bps > edge.target_bps
+
+
+def test_fast_mode_above_the_capacity_the_target_stays_within_105_percent_of_the_viewers_rate() -> None:
+    cut = run([(0, fast()), (200, fast()), (400, fast(rtt=120.0))])[-1]
+    assert cut.signals.capacity_bps == 1_000_000
+    # at 1 Mbps (the capacity) the viewer gets 960 kbps: the ramp stops at 105 % of that
+    at_capacity = replace(cut.state, target_bps=1_000_000)
+    step = run([(1_000, fast(rtt=20.0, rate=1_000_000, recv=960_000))], at_capacity)[-1]
+    assert (step.reason, step.target_bps) == ("ramp_near", 1_008_000)
+    # under the capacity the cap is 120 %: the near ramp's own step binds
+    under = replace(cut.state, target_bps=950_000)
+    step = run([(1_000, fast(rtt=20.0, rate=950_000, recv=910_000))], under)[-1]
+    assert step.target_bps == 950_000 + int((1.08**0.3 - 1) * 950_000)
+
+
+def test_fast_mode_forgets_the_capacity_once_the_viewer_gets_10_percent_more_without_a_queue() -> None:
+    cut = run([(0, fast()), (200, fast()), (400, fast(rtt=120.0))])[-1]
+    above = replace(cut.state, target_bps=1_090_000)
+    # 1.09 Mbps received (9 % over the 1 Mbps capacity): remembered, the near ramp under 105 %
+    kept = run([(1_000, fast(rtt=20.0, rate=1_090_000, recv=1_090_000))], above)[-1]
+    assert (kept.reason, kept.signals.capacity_bps) == ("ramp_near", 1_000_000)
+    # 1.11 Mbps with a queue in the probes: remembered (the path is full there)
+    queued = run([(1_000, fast(rtt=60.0, rate=1_110_000, recv=1_110_000))], above)[-1]
+    assert queued.signals.capacity_bps == 1_000_000
+    # 1.11 Mbps and no queue: the path grew; the fast ramp (x1.5/s) resumes
+    grown = run([(1_000, fast(rtt=20.0, rate=1_110_000, recv=1_110_000))], above)[-1]
+    assert (grown.reason, grown.signals.capacity_bps) == ("ramp_multiplicative", None)
+    assert grown.target_bps == 1_090_000 + int((1.5**0.3 - 1) * 1_090_000)
+
+
+def test_fast_mode_a_second_cut_while_the_queue_drains_remembers_what_the_viewer_received() -> None:
+    # 1 Mbps carried, a 120 ms probe cuts to 800 k; 400 ms later the queue still shows (the
+    # encoder and the send rate lag) and the viewer still receives 1 Mbps: a second cut goes
+    # under the 800 k target, but the capacity stays the 1 Mbps the path carried.
+    cut = run([(0, fast()), (200, fast()), (400, fast(rtt=120.0))])[-1]
+    again = run([(800, fast(rtt=110.0, rate=1_000_000, recv=1_000_000)),
+                 (1_000, fast(rtt=118.0, rate=1_000_000, recv=1_000_000))], cut.state)[-1]  # fmt: skip
+    assert again.reason == "delay_backoff" and again.target_bps < 800_000
+    assert again.signals.capacity_bps == 1_000_000
 
 
 def test_fast_mode_holds_the_ramp_while_the_viewer_receives_less_than_we_send() -> None:

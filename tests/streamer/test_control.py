@@ -112,7 +112,7 @@ def test_control_step_record_carries_target_reasons_rung_and_signals() -> None:
     assert step.record(200) == {
         "now_ms": 200,
         "target_bps": 4_375_000,  # 25 % loss: 5 Mbps * (1 - 0.125); the first REMB measured 3 Mbps sent
-        "encoder_bps": 4_418_750,  # 3 of the 5 Mbps in force were sent: rate-match gain 1.01
+        "encoder_bps": 4_459_196,  # 3 of the 5 Mbps in force were sent: rate-match gain 1.1 ** 0.2
         "changed": True,
         "reason": "loss_backoff",
         "ladder_reason": "hold",
@@ -140,19 +140,56 @@ def test_control_step_record_carries_target_reasons_rung_and_signals() -> None:
 def test_rate_match_gain_closes_the_gap_between_send_rate_and_target_within_bounds() -> None:
     from streamer.control import RATE_MATCH_MAX_GAIN, rate_match_gain
 
-    # a one-frame VBV sends ~86 % of its bitrate: the gain rises 1 % a period, up to its cap
+    # a one-frame VBV sends ~82 % of its bitrate: the gain rises 10 % a second, up to its cap
     gains = [1.0]
-    for _ in range(30):
-        gains.append(rate_match_gain(gains[-1], 1_000_000, 860_000, app_limited=False))
-    assert gains[1] == 1.01 and gains[-1] == RATE_MATCH_MAX_GAIN == 1.2
+    for _ in range(60):
+        gains.append(rate_match_gain(gains[-1], 1_000_000, 820_000, app_limited=False, elapsed_ms=100))
+    assert gains[10] == pytest.approx(1.1) and gains[-1] == RATE_MATCH_MAX_GAIN == 1.3
     assert all(b >= a for a, b in itertools.pairwise(gains))
-    # within 95-100 % of the target it holds; above the target it falls 3 % a period, never under 1
-    assert rate_match_gain(1.1, 1_000_000, 970_000, app_limited=False) == 1.1
-    assert rate_match_gain(1.1, 1_000_000, 1_050_000, app_limited=False) == 1.1 / 1.03
-    assert rate_match_gain(1.01, 1_000_000, 1_500_000, app_limited=False) == 1.0
-    # nothing to learn: no send rate, no target in force, or an application-limited encoder
-    for target, rate, limited in ((None, 500_000, False), (1_000_000, None, False), (1_000_000, 100_000, True)):
-        assert rate_match_gain(1.07, target, rate, app_limited=limited) == 1.07
+    assert rate_match_gain(1.0, 1_000_000, 820_000, app_limited=False, elapsed_ms=500) == pytest.approx(1.1**0.5)
+    # within 95-100 % of the target it holds; above the target it falls 16 % a second, or by the
+    # whole overshoot when that is bigger, never under 1
+    assert rate_match_gain(1.1, 1_000_000, 970_000, app_limited=False, elapsed_ms=100) == 1.1
+    assert rate_match_gain(1.1, 1_000_000, 1_010_000, app_limited=False, elapsed_ms=200) == 1.1 / 1.16**0.2
+    assert rate_match_gain(1.25, 1_000_000, 1_100_000, app_limited=False, elapsed_ms=100) == 1.25 / 1.1
+    assert rate_match_gain(1.01, 1_000_000, 1_500_000, app_limited=False, elapsed_ms=100) == 1.0
+    # nothing to learn: no send rate, no target in force, an application-limited encoder, no time
+    cases = ((None, 500_000, False, 100), (1_000_000, None, False, 100), (1_000_000, 100_000, True, 100),
+             (1_000_000, 500_000, False, 0))  # fmt: skip
+    for target, rate, limited, elapsed in cases:
+        assert rate_match_gain(1.07, target, rate, app_limited=limited, elapsed_ms=elapsed) == 1.07
+
+
+def test_mean_target_weighs_each_step_by_its_time_in_the_window() -> None:
+    from streamer.control import mean_target
+
+    assert mean_target([(0, 4_000_000)], 100, window_ms=500) == 4_000_000  # held before its own time too
+    # 8 Mbps until 300, then 2 Mbps: over [0, 500] that is 300 ms at 8 and 200 ms at 2
+    assert mean_target([(-1_000, 8_000_000), (300, 2_000_000)], 500, window_ms=500) == 5_600_000
+    # a step that ended before the window counts only for the part inside it
+    assert mean_target([(-1_000, 1_000_000), (-200, 3_000_000), (400, 5_000_000)], 500, window_ms=500) == 3_400_000
+
+
+def test_a_cut_does_not_pull_the_gain_down_while_the_send_rate_still_averages_the_old_target() -> None:
+    from streamer.control import RATE_MATCH_WINDOW_MS, mean_target
+
+    # the plant: the encoder spends 82 % of the bitrate it is given, and the send rate the
+    # controller gets is that averaged over the window (as streamer.session measures it)
+    controller = StreamController(GAME_PROFILE, game_ladder(1280, 720, 30))
+    given: list[tuple[int, int]] = [(0, controller.update(Feedback(), 0).encoder_bps)]
+    gains: dict[int, float] = {}
+    for t in range(200, 4_200, 200):
+        send = int(0.82 * mean_target(given, t, RATE_MATCH_WINDOW_MS))
+        # a loss report with 255/256 lost at 2000 ms: the target is cut about in half
+        step = controller.update(Feedback(send_rate_bps=send, fraction_lost=255 if t == 2_000 else None), t)
+        given.append((t, step.encoder_bps))
+        gains[t] = controller.gain
+        if t == 2_000:
+            assert step.bitrate.reason == "loss_backoff"
+    assert gains[1_800] > 1.15
+    # for the next 500 ms the send rate mostly shows the old target: the gain does not take that
+    # for an overshoot (against the latest target alone it fell 3 % a period, or more)
+    assert all(gains[t] >= gains[1_800] for t in range(2_000, 2_800, 200))
 
 
 def test_the_encoder_gets_target_times_gain() -> None:
@@ -161,4 +198,4 @@ def test_the_encoder_gets_target_times_gain() -> None:
     assert (first.bitrate.target_bps, first.encoder_bps) == (5_000_000, 5_000_000)  # nothing measured yet
     steps = [controller.update(Feedback(send_rate_bps=4_000_000), t) for t in range(200, 2_200, 200)]
     ratios = [round(s.encoder_bps / s.bitrate.target_bps, 4) for s in steps]
-    assert ratios == [round(1.01**n, 4) for n in range(1, 11)]
+    assert ratios == [round(1.1 ** (0.2 * n), 4) for n in range(1, 11)]

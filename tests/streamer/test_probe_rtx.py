@@ -7,7 +7,13 @@ from aiortc.rtp import RtcpReceiverInfo
 
 from streamer.inputs import ProbeAck
 from streamer.probe import PROBE_FORGET_MS, STALL_MIN_PACKETS, ProbeSample, ProbeTracker
-from streamer.rtx import MIN_RETRANSMIT_INTERVAL_MS, RTX_BURST_MS, RTX_PACKET_BITS, RetransmitLimiter
+from streamer.rtx import (
+    MIN_RETRANSMIT_INTERVAL_MS,
+    RTX_BUDGET_PERCENT,
+    RTX_BURST_MS,
+    RTX_PACKET_BITS,
+    RetransmitLimiter,
+)
 from streamer.session import LossWindow, media_bps
 
 # --- ProbeTracker ------------------------------------------------------------------------
@@ -112,17 +118,20 @@ def test_each_packet_is_retransmitted_once_per_round_trip() -> None:
 
 
 def test_retransmissions_stay_within_the_budget_and_refill_with_time() -> None:
-    target = 1_200_000  # budget: 100 % of it = 125 packets/s; the bucket holds 500 ms = 62.5
+    target = 4_800_000
+    per_s = target * RTX_BUDGET_PERCENT / 100 / RTX_PACKET_BITS
+    assert per_s == 125  # 25 % of 4.8 Mbps in full-size packets; the bucket holds 200 ms = 25
     limiter = RetransmitLimiter(target_bps=target, rtt_ms=10.0)
     allowed = [limiter.allow(seq, 0.0) for seq in range(100)]
-    burst = int(target * RTX_BURST_MS / 1000 / RTX_PACKET_BITS)
-    assert burst == 62 and allowed.count(True) == burst
+    burst = int(per_s * RTX_BURST_MS / 1000)
+    assert burst == 25 and allowed.count(True) == burst
     assert limiter.counters.over_budget == 100 - burst
     # 80 ms later: 10 packets' worth more
     assert [limiter.allow(seq, 80.0) for seq in range(100, 120)].count(True) == 10
-    # a lower target lowers the refill rate at once
-    limiter.target_bps = 120_000
+    # a lower target lowers the refill rate and the bucket at once: 12.5 packets/s, 2.5 held
+    limiter.target_bps = 480_000
     assert [limiter.allow(seq, 160.0) for seq in range(200, 220)].count(True) == 1
+    assert [limiter.allow(seq, 2_000.0) for seq in range(300, 320)].count(True) == 2
 
 
 def test_retransmissions_are_paid_for_out_of_the_encoders_bits_up_to_half() -> None:
