@@ -122,6 +122,11 @@ RECV_SEVERE_PERCENT = 50  # under this share, one sample is enough to cut (a cap
 # Measured on the lab's 8 Mbps link: the viewer's rate sat at 7.5 Mbps while the ramp took the
 # send rate to 8.2 Mbps and the probes' queue over the threshold and into an overflow.
 RECV_SATURATION_PERCENT = 95
+# Past the congested rate, a probe RTT over baseline + this share of the threshold holds the
+# ramp: a queue is forming where the path filled last time (ABR lab, 8 Mbps with 2 % loss: the
+# near ramp went on to 5 % over the capacity with the probes at +15-50 ms, the queue stood at
+# 50-110 ms for a second, and the frames waiting on a retransmission behind it froze).
+PROBE_FORMING_FRACTION = 0.5
 # A probe RTT above baseline + this many thresholds cuts at once (a queue that high is no noise).
 PROBE_SEVERE_THRESHOLDS = 2
 FAST_MULTIPLICATIVE_INCREASE_PER_S = 1.5  # fast mode, far from the known capacity
@@ -156,6 +161,10 @@ FAST_BACKOFF_PERCENT = 90
 
 # --- hold after a cut -------------------------------------------------------------------
 MIN_HOLD_MS = 300  # hold for max(MIN_HOLD_MS, RTT) after a cut before increasing again
+# fast mode: max(this, RTT) -- the time a cut gives the queue to drain (DRAIN_TARGET_MS).  With
+# 300 ms, on the lab's 30 +- 15 ms jitter path, a probe 300 ms after a cut still showed the queue
+# (jitter hid the fall), and a second cut took the target to 60 % of the path.
+FAST_HOLD_MS = DRAIN_TARGET_MS
 
 # --- ramp-up ----------------------------------------------------------------------------
 MULTIPLICATIVE_INCREASE_PER_S = 1.08  # +8 % per second far from the known capacity
@@ -464,7 +473,7 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
         if cuts:
             candidate, reason, capacity = min(cuts, key=lambda c: c[0])
             last_cut_ms = now_ms
-            hold_until = now_ms + max(MIN_HOLD_MS, int(rtt or 0))
+            hold_until = now_ms + max(FAST_HOLD_MS if fast else MIN_HOLD_MS, int(rtt or 0))
             # this congestion event is answered; a new one must persist
             delay_high_samples = shortfall_samples = 0
             probe = replace(probe, high_samples=0)
@@ -473,6 +482,7 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
             or loss_holds
             or delay_high_samples > 0
             or (fast and (probe.high or shortfall_samples > 0 or saturated))
+            or (fast and capacity is not None and target >= capacity and _queue_forming(probe))
         ):
             candidate, reason = target, BitrateReason.HOLD
         else:
@@ -607,6 +617,13 @@ def _probe_signal(state: BitrateState, rtt_ms: float | None, now_ms: int) -> _Pr
         high_samples = state.probe_high_samples + 1
     severe = rtt_ms > base + PROBE_SEVERE_THRESHOLDS * threshold and not draining
     return _ProbeSignal(rtt_ms, minima, noise, threshold, high, severe, high_samples, now_ms, True)
+
+
+def _queue_forming(probe: _ProbeSignal) -> bool:
+    """The latest probe RTT is over baseline + PROBE_FORMING_FRACTION x threshold."""
+    if probe.rtt_ms is None or not probe.minima or probe.threshold_ms is None:
+        return False
+    return probe.rtt_ms > probe.minima[0][1] + PROBE_FORMING_FRACTION * probe.threshold_ms
 
 
 def _drain_percent(probe: _ProbeSignal) -> int:

@@ -8,9 +8,9 @@ preference and the codecs the viewer's offer can receive.
 (resolution/fps rung), and feeds the first's target into the second; the
 session runtime applies the resulting ``ControlStep`` (decide, then apply).
 It also calibrates the encoder: ``encoder_bps`` = target x a gain that makes
-the measured send rate meet the target (``rate_match_gain``: x264 steered
-through a one-frame VBV spends about 82-86 % of its bitrate, since a frame under
-its budget cannot lend the rest to the next).
+the measured send rate meet the target (``encoder_efficiency``, ``rate_match_gain``:
+x264 steered through a one-frame VBV spends 72-100 % of its bitrate, about 82 %
+on the lab's game, since a frame under its budget cannot lend the rest to the next).
 
 Concurrency model: none.  No clock (time comes in as ``now_ms``), no I/O, no
 asyncio, no aiortc or PyAV import; ``StreamController`` is a plain object
@@ -22,6 +22,7 @@ viewer offered; the ladder always sees the bitrate decision of the same step.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -115,42 +116,51 @@ def round2(value: float | None) -> float | None:
     return round(value, 2) if value is not None else None
 
 
-# Rate match: the encoder gets target x gain, gain in [1, RATE_MATCH_MAX_GAIN], nudged each period
-# while the encoder uses its bits (not application-limited) so the send rate meets the target.
-# The send rate is an average over RATE_MATCH_WINDOW_MS, so it is compared with the target's
-# average over the same span: against the latest target alone, the send rate looks too high for
-# half a second after every cut and the gain was pulled down to 1 (ABR lab, 8 Mbps: the gain
-# fell 1.2 -> 1.0 after each cut and took 4 s to climb back, sending 80 % of the target meanwhile).
+# Rate match: the encoder gets target x gain, gain = 1 / its measured efficiency (send rate /
+# the bitrate it was given), in [1, RATE_MATCH_MAX_GAIN].  The send rate is an average over
+# RATE_MATCH_WINDOW_MS, so it is divided by the given bitrate's average over the same span: the
+# lag cancels out.  Compared with the latest target instead, the send rate looked too high for
+# half a second after every cut and the gain was pulled down to 1 (ABR lab, 8 Mbps: the gain fell
+# 1.2 -> 1.0 after each cut and took 2-4 s to climb back, sending 80-90 % of the target meanwhile).
 RATE_MATCH_WINDOW_MS: Final = 500  # = streamer.session.SEND_RATE_WINDOW_S
-RATE_MATCH_MAX_GAIN: Final = 1.3  # x264 in a one-frame VBV sent 82-84 % of its bitrate on the lab
-RATE_MATCH_LOW: Final = 0.95  # send rate under 95 % of the target: raise the gain
-RATE_MATCH_HIGH: Final = 1.0  # send rate over the target: lower it
-RATE_MATCH_UP_PER_S: Final = 1.1  # the send rate lags by its window: rise slowly
-RATE_MATCH_DOWN_PER_S: Final = 1.16  # at least; a bigger overshoot is undone in one step
+RATE_MATCH_MAX_GAIN: Final = 1.3  # x264 in a one-frame VBV sent 72-100 % of its bitrate on the lab
+RATE_MATCH_TAU_MS: Final = 500  # the efficiency estimate is a moving average with this time constant
+# ... except upwards past this share of the target: an encoder that suddenly spends all its bits
+# (a complex scene) overshoots the target, and the path, until the gain comes down: at once.
+RATE_MATCH_OVERSHOOT: Final = 1.03
 
 
-def rate_match_gain(
-    gain: float, target_bps: float | None, send_rate_bps: int | None, app_limited: bool, elapsed_ms: int
+def encoder_efficiency(
+    efficiency: float,
+    send_rate_bps: int | None,
+    given_bps: float | None,
+    target_bps: float | None,
+    app_limited: bool,
+    elapsed_ms: int,
 ) -> float:
-    """The next encoder gain, from the send rate measured under ``target_bps`` (the target in force
-    over the send rate's window, averaged), ``elapsed_ms`` after the previous one.  Over the
-    target, the gain falls by the overshoot (at least RATE_MATCH_DOWN_PER_S for the time
-    elapsed), so an encoder that suddenly spends all its bits is reined in at once."""
-    if target_bps is None or send_rate_bps is None or app_limited or target_bps <= 0 or elapsed_ms <= 0:
-        return gain
-    seconds = min(elapsed_ms, 1_000) / 1000
-    ratio = send_rate_bps / target_bps
-    if ratio < RATE_MATCH_LOW:
-        return min(RATE_MATCH_MAX_GAIN, gain * RATE_MATCH_UP_PER_S**seconds)
-    if ratio > RATE_MATCH_HIGH:
-        return max(1.0, gain / max(RATE_MATCH_DOWN_PER_S**seconds, ratio))
-    return gain
+    """The next estimate of the share of its bitrate the encoder sends.
+
+    ``given_bps`` and ``target_bps``: the encoder bitrate and the target in force over the send
+    rate's window, averaged.  Unchanged while nothing can be learnt (no rate, no time, or an
+    application-limited encoder, whose low rate says nothing about its rate control).
+    """
+    if send_rate_bps is None or not given_bps or not target_bps or app_limited or elapsed_ms <= 0:
+        return efficiency
+    sample = min(1.0, max(1 / RATE_MATCH_MAX_GAIN, send_rate_bps / given_bps))
+    if send_rate_bps > target_bps * RATE_MATCH_OVERSHOOT and sample > efficiency:
+        return sample
+    return efficiency + (sample - efficiency) * (1 - math.exp(-elapsed_ms / RATE_MATCH_TAU_MS))
+
+
+def rate_match_gain(efficiency: float) -> float:
+    """The encoder gain that makes an encoder of this efficiency send its target."""
+    return min(RATE_MATCH_MAX_GAIN, max(1.0, 1 / efficiency))
 
 
 def mean_target(history: Sequence[tuple[int, int]], now_ms: int, window_ms: int = RATE_MATCH_WINDOW_MS) -> float:
-    """The time-weighted mean of a stepwise target over [now_ms - window_ms, now_ms].
+    """The time-weighted mean of a stepwise value over [now_ms - window_ms, now_ms].
 
-    ``history`` holds (since_ms, target_bps) steps, oldest first, non-empty; the first step is
+    ``history`` holds (since_ms, value) steps, oldest first, non-empty; the first step is
     taken to hold before its own time as well (nothing older is known).
     """
     start = now_ms - window_ms
@@ -169,9 +179,12 @@ class StreamController:
     def __init__(self, profile: BitrateProfile, ladder: Ladder) -> None:
         self._bitrate = bitrate_policy.initial_state(profile)
         self._ladder = ladder_policy.initial_state(ladder, profile.start_bps)
-        self.gain = 1.0  # rate match (see rate_match_gain)
+        self.efficiency = 1.0  # the share of its bitrate the encoder sends (see encoder_efficiency)
+        self.gain = 1.0  # rate match: 1 / efficiency, bounded (see rate_match_gain)
         self.last: ControlStep | None = None
-        self._targets: deque[tuple[int, int]] = deque()  # (since_ms, target_bps) over the rate-match window
+        # (since_ms, target_bps) and (since_ms, encoder_bps) steps over the rate-match window
+        self._targets: deque[tuple[int, int]] = deque()
+        self._given: deque[tuple[int, int]] = deque()
         self._last_ms = 0  # the previous update's now_ms
 
     @property
@@ -182,19 +195,23 @@ class StreamController:
     def update(self, feedback: Feedback, now_ms: int) -> ControlStep:
         """Fold one period's feedback in (``now_ms``: a monotonic clock, milliseconds)."""
         in_force = mean_target(self._targets, now_ms) if self._targets else None
+        given = mean_target(self._given, now_ms) if self._given else None
         bitrate = bitrate_policy.decide(self._bitrate, feedback, now_ms)
         ladder = ladder_policy.decide(
             self._ladder, bitrate.target_bps, now_ms, app_limited=bitrate.signals.app_limited
         )
         elapsed_ms = now_ms - self._last_ms if self.last is not None else 0
-        self.gain = rate_match_gain(
-            self.gain, in_force, feedback.send_rate_bps, bitrate.signals.app_limited, elapsed_ms
+        self.efficiency = encoder_efficiency(
+            self.efficiency, feedback.send_rate_bps, given, in_force, bitrate.signals.app_limited, elapsed_ms
         )
+        self.gain = rate_match_gain(self.efficiency)
         self._last_ms = now_ms
         self._bitrate, self._ladder = bitrate.state, ladder.state
-        if not self._targets or self._targets[-1][1] != bitrate.target_bps:
-            self._targets.append((now_ms, bitrate.target_bps))
-        while len(self._targets) > 1 and self._targets[1][0] <= now_ms - RATE_MATCH_WINDOW_MS:
-            self._targets.popleft()
-        self.last = ControlStep(bitrate, ladder, round(bitrate.target_bps * self.gain))
+        encoder_bps = round(bitrate.target_bps * self.gain)
+        for steps, value in ((self._targets, bitrate.target_bps), (self._given, encoder_bps)):
+            if not steps or steps[-1][1] != value:
+                steps.append((now_ms, value))
+            while len(steps) > 1 and steps[1][0] <= now_ms - RATE_MATCH_WINDOW_MS:
+                steps.popleft()
+        self.last = ControlStep(bitrate, ladder, encoder_bps)
         return self.last

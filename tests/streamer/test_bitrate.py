@@ -537,21 +537,21 @@ def test_fast_mode_ignores_receiver_report_delay_and_ends_without_probes() -> No
 
 def test_fast_mode_ramps_fast_up_to_90_percent_of_the_capacity_a_cut_found_then_8_percent_a_second() -> None:
     # A severe probe (120 ms) cuts 1 Mbps carried to 800 kbps: the capacity is the 1 Mbps the viewer
-    # received.  After the 300 ms hold the ramp is x1.5/s, but stops at 900 kbps (90 % of it, where
+    # received.  After the 500 ms hold the ramp is x1.5/s, but stops at 900 kbps (90 % of it, where
     # the near band starts); from there it is x1.08/s (the path overflowed at 1 Mbps).
     cut = run([(0, fast()), (200, fast()), (400, fast(rtt=120.0))])[-1]
     assert (cut.reason, cut.target_bps, cut.signals.capacity_bps) == ("delay_backoff", 800_000, 1_000_000)
-    fast_ramp = run([(1_000, fast(rtt=20.0, rate=800_000, recv=800_000))], cut.state)[-1]
+    fast_ramp = run([(1_200, fast(rtt=20.0, rate=800_000, recv=800_000))], cut.state)[-1]
     assert (fast_ramp.reason, fast_ramp.target_bps) == ("ramp_multiplicative", 900_000)  # 1.5 ** 0.3 would be 903 k
-    near = run([(1_200, fast(rtt=20.0, rate=900_000, recv=900_000))], fast_ramp.state)[-1]
+    near = run([(1_400, fast(rtt=20.0, rate=900_000, recv=900_000))], fast_ramp.state)[-1]
     assert near.reason == "ramp_near"
     assert near.target_bps == 900_000 + int((1.08**0.2 - 1) * 900_000)
     # a capacity that is no multiple of 10: the ramp stops at the band's edge, rounded down, and
     # goes on from there (it once stood still on the edge, neither under it nor in the band)
     odd = replace(cut.state, capacity_bps=1_856_643, target_bps=1_600_000)
-    edge = run([(1_000, fast(rtt=20.0, rate=1_600_000, recv=1_600_000))], odd)[-1]
+    edge = run([(1_200, fast(rtt=20.0, rate=1_600_000, recv=1_600_000))], odd)[-1]
     assert edge.target_bps == 1_856_643 * 90 // 100
-    on = run([(1_200, fast(rtt=20.0, rate=edge.target_bps, recv=edge.target_bps))], edge.state)[-1]
+    on = run([(1_400, fast(rtt=20.0, rate=edge.target_bps, recv=edge.target_bps))], edge.state)[-1]
     assert on.reason == "ramp_near" and on.target_bps > edge.target_bps
 
 
@@ -560,27 +560,49 @@ def test_fast_mode_above_the_capacity_the_target_stays_within_105_percent_of_the
     assert cut.signals.capacity_bps == 1_000_000
     # at 1 Mbps (the capacity) the viewer gets 960 kbps: the ramp stops at 105 % of that
     at_capacity = replace(cut.state, target_bps=1_000_000)
-    step = run([(1_000, fast(rtt=20.0, rate=1_000_000, recv=960_000))], at_capacity)[-1]
+    step = run([(1_200, fast(rtt=20.0, rate=1_000_000, recv=960_000))], at_capacity)[-1]
     assert (step.reason, step.target_bps) == ("ramp_near", 1_008_000)
     # under the capacity the cap is 120 %: the near ramp's own step binds
     under = replace(cut.state, target_bps=950_000)
-    step = run([(1_000, fast(rtt=20.0, rate=950_000, recv=910_000))], under)[-1]
+    step = run([(1_200, fast(rtt=20.0, rate=950_000, recv=910_000))], under)[-1]
     assert step.target_bps == 950_000 + int((1.08**0.3 - 1) * 950_000)
+
+
+def test_fast_mode_past_the_capacity_a_forming_queue_holds_the_ramp() -> None:
+    cut = run([(0, fast()), (200, fast()), (400, fast(rtt=120.0))])[-1]
+    at_capacity = replace(cut.state, target_bps=1_000_000, hold_until_ms=None)
+    # baseline 20 ms, threshold 20 ms: 31 ms is over half the threshold -> hold, not yet a cut
+    held = run([(1_000, fast(rtt=31.0, rate=1_000_000, recv=1_000_000))], at_capacity)[-1]
+    assert (held.reason, held.target_bps) == ("hold", 1_000_000)
+    # under the capacity the same sample does not stop the ramp
+    under = replace(at_capacity, target_bps=950_000)
+    assert run([(1_000, fast(rtt=31.0, rate=950_000, recv=950_000))], under)[-1].reason == "ramp_near"
+    # and past it, 29 ms (under half the threshold) does not either
+    assert run([(1_000, fast(rtt=29.0, rate=1_000_000, recv=1_000_000))], at_capacity)[-1].reason == "ramp_near"
 
 
 def test_fast_mode_forgets_the_capacity_once_the_viewer_gets_10_percent_more_without_a_queue() -> None:
     cut = run([(0, fast()), (200, fast()), (400, fast(rtt=120.0))])[-1]
     above = replace(cut.state, target_bps=1_090_000)
     # 1.09 Mbps received (9 % over the 1 Mbps capacity): remembered, the near ramp under 105 %
-    kept = run([(1_000, fast(rtt=20.0, rate=1_090_000, recv=1_090_000))], above)[-1]
+    kept = run([(1_200, fast(rtt=20.0, rate=1_090_000, recv=1_090_000))], above)[-1]
     assert (kept.reason, kept.signals.capacity_bps) == ("ramp_near", 1_000_000)
     # 1.11 Mbps with a queue in the probes: remembered (the path is full there)
-    queued = run([(1_000, fast(rtt=60.0, rate=1_110_000, recv=1_110_000))], above)[-1]
+    queued = run([(1_200, fast(rtt=60.0, rate=1_110_000, recv=1_110_000))], above)[-1]
     assert queued.signals.capacity_bps == 1_000_000
     # 1.11 Mbps and no queue: the path grew; the fast ramp (x1.5/s) resumes
-    grown = run([(1_000, fast(rtt=20.0, rate=1_110_000, recv=1_110_000))], above)[-1]
+    grown = run([(1_200, fast(rtt=20.0, rate=1_110_000, recv=1_110_000))], above)[-1]
     assert (grown.reason, grown.signals.capacity_bps) == ("ramp_multiplicative", None)
     assert grown.target_bps == 1_090_000 + int((1.5**0.3 - 1) * 1_090_000)
+
+
+def test_fast_mode_holds_500_ms_after_a_cut_the_time_it_gives_the_queue_to_drain() -> None:
+    cut = run([(0, fast()), (200, fast()), (400, fast(rtt=120.0))])[-1]
+    assert cut.state.hold_until_ms == 900
+    # a high, not-draining probe at 800 ms does not cut again; at 900 ms the ramp may resume
+    still = run([(800, fast(rtt=119.0, rate=800_000)), (900, fast(rtt=20.0, rate=800_000))], cut.state)
+    assert reasons(still) == ["hold", "hold"]  # 900: no time past the hold yet
+    assert run([(1_000, fast(rtt=20.0, rate=800_000))], still[-1].state)[-1].reason == "ramp_multiplicative"
 
 
 def test_fast_mode_a_second_cut_while_the_queue_drains_remembers_what_the_viewer_received() -> None:

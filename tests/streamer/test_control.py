@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 
@@ -112,7 +113,9 @@ def test_control_step_record_carries_target_reasons_rung_and_signals() -> None:
     assert step.record(200) == {
         "now_ms": 200,
         "target_bps": 4_375_000,  # 25 % loss: 5 Mbps * (1 - 0.125); the first REMB measured 3 Mbps sent
-        "encoder_bps": 4_459_196,  # 3 of the 5 Mbps in force were sent: rate-match gain 1.1 ** 0.2
+        # 3 of the 5 Mbps given were sent: the efficiency sample (0.6, clipped at 1 / 1.3) moves
+        # the estimate 1 - e^(-200/500) of the way from 1: 0.924, gain 1.082
+        "encoder_bps": 4_735_258,
         "changed": True,
         "reason": "loss_backoff",
         "ladder_reason": "hold",
@@ -137,27 +140,31 @@ def test_control_step_record_carries_target_reasons_rung_and_signals() -> None:
     }
 
 
-def test_rate_match_gain_closes_the_gap_between_send_rate_and_target_within_bounds() -> None:
-    from streamer.control import RATE_MATCH_MAX_GAIN, rate_match_gain
+def test_encoder_efficiency_follows_send_over_given_and_jumps_up_on_an_overshoot() -> None:
+    from streamer.control import RATE_MATCH_MAX_GAIN, encoder_efficiency, rate_match_gain
 
-    # a one-frame VBV sends ~82 % of its bitrate: the gain rises 10 % a second, up to its cap
-    gains = [1.0]
-    for _ in range(60):
-        gains.append(rate_match_gain(gains[-1], 1_000_000, 820_000, app_limited=False, elapsed_ms=100))
-    assert gains[10] == pytest.approx(1.1) and gains[-1] == RATE_MATCH_MAX_GAIN == 1.3
-    assert all(b >= a for a, b in itertools.pairwise(gains))
-    assert rate_match_gain(1.0, 1_000_000, 820_000, app_limited=False, elapsed_ms=500) == pytest.approx(1.1**0.5)
-    # within 95-100 % of the target it holds; above the target it falls 16 % a second, or by the
-    # whole overshoot when that is bigger, never under 1
-    assert rate_match_gain(1.1, 1_000_000, 970_000, app_limited=False, elapsed_ms=100) == 1.1
-    assert rate_match_gain(1.1, 1_000_000, 1_010_000, app_limited=False, elapsed_ms=200) == 1.1 / 1.16**0.2
-    assert rate_match_gain(1.25, 1_000_000, 1_100_000, app_limited=False, elapsed_ms=100) == 1.25 / 1.1
-    assert rate_match_gain(1.01, 1_000_000, 1_500_000, app_limited=False, elapsed_ms=100) == 1.0
-    # nothing to learn: no send rate, no target in force, an application-limited encoder, no time
-    cases = ((None, 500_000, False, 100), (1_000_000, None, False, 100), (1_000_000, 100_000, True, 100),
-             (1_000_000, 500_000, False, 0))  # fmt: skip
-    for target, rate, limited, elapsed in cases:
-        assert rate_match_gain(1.07, target, rate, app_limited=limited, elapsed_ms=elapsed) == 1.07
+    # 820 kbps sent of 1 Mbps given (target 1 Mbps): the estimate moves towards 0.82 with a 500 ms
+    # time constant, and the gain is its inverse
+    step = encoder_efficiency(1.0, 820_000, 1_000_000, 1_000_000, app_limited=False, elapsed_ms=500)
+    assert step == pytest.approx(1.0 - 0.18 * (1 - math.exp(-1)))
+    estimate = 1.0
+    for _ in range(50):
+        estimate = encoder_efficiency(estimate, 820_000, 1_000_000, 1_000_000, app_limited=False, elapsed_ms=100)
+    assert estimate == pytest.approx(0.82, abs=1e-3) and rate_match_gain(estimate) == pytest.approx(1 / 0.82, abs=1e-3)
+    # the gain is bounded: never under 1, never over RATE_MATCH_MAX_GAIN (a sample under 1/1.3 is clipped)
+    assert rate_match_gain(1.0) == 1.0 and rate_match_gain(0.5) == RATE_MATCH_MAX_GAIN == 1.3
+    low = encoder_efficiency(0.8, 100_000, 1_000_000, 900_000, app_limited=False, elapsed_ms=10_000)
+    assert low == pytest.approx(1 / 1.3)
+    # sending 6 % over the target: the estimate jumps to the sample at once (the gain comes down now)
+    assert encoder_efficiency(0.8, 1_060_000, 1_200_000, 1_000_000, app_limited=False, elapsed_ms=100) == pytest.approx(
+        1_060_000 / 1_200_000
+    )
+    # nothing to learn: no send rate, nothing given, no target, an application-limited encoder, no time
+    cases = ((None, 1_000_000, 1_000_000, False, 100), (500_000, None, 1_000_000, False, 100),
+             (500_000, 1_000_000, None, False, 100), (100_000, 1_000_000, 1_000_000, True, 100),
+             (500_000, 1_000_000, 1_000_000, False, 0))  # fmt: skip
+    for sent, given, target, limited, elapsed in cases:
+        assert encoder_efficiency(0.9, sent, given, target, app_limited=limited, elapsed_ms=elapsed) == 0.9
 
 
 def test_mean_target_weighs_each_step_by_its_time_in_the_window() -> None:
@@ -197,5 +204,8 @@ def test_the_encoder_gets_target_times_gain() -> None:
     first = controller.update(Feedback(), 0)
     assert (first.bitrate.target_bps, first.encoder_bps) == (5_000_000, 5_000_000)  # nothing measured yet
     steps = [controller.update(Feedback(send_rate_bps=4_000_000), t) for t in range(200, 2_200, 200)]
-    ratios = [round(s.encoder_bps / s.bitrate.target_bps, 4) for s in steps]
-    assert ratios == [round(1.1 ** (0.2 * n), 4) for n in range(1, 11)]
+    # 4 Mbps sent of 5+ given: the efficiency estimate falls, the gain rises, up to its cap
+    ratios = [s.encoder_bps / s.bitrate.target_bps for s in steps]
+    assert all(b > a for a, b in itertools.pairwise(ratios[:5])) and 1.0 < ratios[0] < ratios[-1] <= 1.3 + 1e-6
+    assert steps[-1].encoder_bps == round(steps[-1].bitrate.target_bps * controller.gain)
+    assert controller.gain == min(1.3, 1 / controller.efficiency)

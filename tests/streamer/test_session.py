@@ -146,7 +146,9 @@ async def test_delay_probes_feed_the_controller_round_trips_and_the_receive_rate
     def probed() -> list[dict[str, Any]]:
         return [d for d in runtime.stats()["decisions"] if d["recv_rate_bps"] and d["probe_rtt_ms"] is not None]
 
-    await until(lambda: len(probed()) >= 5, "no control step with probe answers")
+    # 12 steps (1.2 s at 100 ms): past the start, where the send rate (a 500 ms average) still
+    # holds the first frames and the viewer's rate (300 ms) does not
+    await until(lambda: len(probed()) >= 12, "no control step with probe answers")
     steps = probed()
     assert all(d["fast"] for d in steps)
     # loopback: a probe's round trip is a few milliseconds, and the viewer receives what we send
