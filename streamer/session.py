@@ -148,8 +148,10 @@ class RuntimeConfig:
     # The viewer's probe answers show its picture frozen (packets arrive, no frame decodes) this
     # long: send a keyframe without waiting for its own request (Chromium asks after 3 s);
     # again at most once per stall_keyframe_interval_ms while the stall lasts.  0: never.
+    # 500 ms, not 1 s: after a capacity drop the first such keyframe can be lost in the same
+    # overflow (ABR lab, 8 -> 2 Mbps: a second 0.8 s freeze followed the first).
     stall_keyframe_ms: int = 300
-    stall_keyframe_interval_ms: int = 1_000
+    stall_keyframe_interval_ms: int = 500
 
     def __post_init__(self) -> None:
         if self.capture_backend not in CAPTURE_BACKENDS:

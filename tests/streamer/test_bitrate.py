@@ -459,6 +459,17 @@ def test_a_severe_probe_rtt_cuts_at_once_deeper_for_a_bigger_queue(rtt: float, p
     assert (decisions[-1].reason, decisions[-1].target_bps) == ("delay_backoff", 1_000_000 * percent // 100)
 
 
+def test_on_a_jittery_path_the_cut_leaves_the_jitters_share_of_the_rise_out_of_the_queue() -> None:
+    # probe noise 10 ms (a jittery path): threshold max(20, 4 x 10) = 40 ms, severe over 100 ms.
+    # A 140 ms sample: 120 ms over the baseline, of which 2 x 10 ms is taken for jitter -> a
+    # 100 ms queue -> 80 % (a clean path with the same sample: 120 ms -> 76 %).
+    warm = run([(0, fast()), (200, fast())])[-1].state
+    jittery = replace(warm, probe_noise_ms=10.0)
+    cut = run([(400, fast(rtt=140.0))], jittery)[-1]
+    assert (cut.reason, cut.target_bps) == ("delay_backoff", 800_000)
+    assert run([(400, fast(rtt=140.0))], warm)[-1].target_bps == 760_000
+
+
 def test_a_draining_queue_does_not_cut_again_and_holds_the_ramp() -> None:
     steps = [(0, fast()), (200, fast()), (400, fast(rtt=120.0))]  # severe: cut to 800_000
     steps += [(t, fast(rtt=rtt, rate=800_000)) for t, rtt in ((600, 110.0), (800, 95.0), (1_000, 80.0), (1_200, 62.0))]
