@@ -128,6 +128,12 @@ RATE_MATCH_TAU_MS: Final = 500  # the efficiency estimate is a moving average wi
 # ... except upwards past this share of the target: an encoder that suddenly spends all its bits
 # (a complex scene) overshoots the target, and the path, until the gain comes down: at once.
 RATE_MATCH_OVERSHOOT: Final = 1.03
+# A target that moved more than this (highest / lowest) within the window is no steady state: the
+# estimate may then only rise (less gain), never fall.  After a capacity drop cut the target from
+# 9.7 to 2.4 Mbps in 200 ms, x264 sent 1.4 Mbps of the 2.4 for half a second; learnt as its
+# efficiency, that took the gain to its cap, and once x264 recovered it sent 2.2 Mbps on the 2 Mbps
+# path: a second overflow and a 1.9 s settle (ABR lab).
+RATE_MATCH_STEADY_RATIO: Final = 1.25
 
 
 def encoder_efficiency(
@@ -137,18 +143,22 @@ def encoder_efficiency(
     target_bps: float | None,
     app_limited: bool,
     elapsed_ms: int,
+    steady: bool = True,
 ) -> float:
     """The next estimate of the share of its bitrate the encoder sends.
 
     ``given_bps`` and ``target_bps``: the encoder bitrate and the target in force over the send
     rate's window, averaged.  Unchanged while nothing can be learnt (no rate, no time, or an
-    application-limited encoder, whose low rate says nothing about its rate control).
+    application-limited encoder, whose low rate says nothing about its rate control).  Not
+    ``steady`` (the target moved much within the window): only a rise is learnt.
     """
     if send_rate_bps is None or not given_bps or not target_bps or app_limited or elapsed_ms <= 0:
         return efficiency
     sample = min(1.0, max(1 / RATE_MATCH_MAX_GAIN, send_rate_bps / given_bps))
     if send_rate_bps > target_bps * RATE_MATCH_OVERSHOOT and sample > efficiency:
         return sample
+    if not steady and sample < efficiency:
+        return efficiency
     return efficiency + (sample - efficiency) * (1 - math.exp(-elapsed_ms / RATE_MATCH_TAU_MS))
 
 
@@ -201,8 +211,10 @@ class StreamController:
             self._ladder, bitrate.target_bps, now_ms, app_limited=bitrate.signals.app_limited
         )
         elapsed_ms = now_ms - self._last_ms if self.last is not None else 0
+        values = [v for _, v in self._targets]
+        steady = not values or max(values) <= min(values) * RATE_MATCH_STEADY_RATIO
         self.efficiency = encoder_efficiency(
-            self.efficiency, feedback.send_rate_bps, given, in_force, bitrate.signals.app_limited, elapsed_ms
+            self.efficiency, feedback.send_rate_bps, given, in_force, bitrate.signals.app_limited, elapsed_ms, steady
         )
         self.gain = rate_match_gain(self.efficiency)
         self._last_ms = now_ms

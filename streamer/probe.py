@@ -37,7 +37,9 @@ from typing import Any, Final
 from broker.protocol import NodeEventType
 from streamer.inputs import PING_MAX_ID, ProbeAck
 
-PROBE_INTERVAL_MS: Final = 50  # one probe each 50 ms: four per 200 ms control period
+# One probe each 25 ms: four per 100 ms control period, whose lowest round trip is the sample
+# (streamer.bitrate calibrates its noise threshold on the lowest of 4 on a jittery path).
+PROBE_INTERVAL_MS: Final = 25
 PROBE_FORGET_MS: Final = 2_000  # an unanswered probe is forgotten after this (lost: unreliable channel)
 # Receive rate over the newest 300 ms of the viewer's clock (short: after a capacity drop the
 # rate to cut to is the new one, not an average reaching back before it), and over no less

@@ -1,6 +1,6 @@
 // Answers to the render node's delay probes (its bitrate control: streamer/probe.py).
 //
-// The node sends {"t":"probe","id":n} every 50 ms on the PROBE_CHANNEL_LABEL channel; we answer
+// The node sends {"t":"probe","id":n} every 25 ms on the PROBE_CHANNEL_LABEL channel; we answer
 // at once with {"t":"pa","id":n,"rx":packets,"rx_ms":ms,"fd":frames}: the video RTP packets
 // received so far (inbound-rtp packetsReceived), when that count was read (performance.now())
 // and the frames decoded by then (framesDecoded).  The node reads three things from the answers:

@@ -590,6 +590,9 @@ def test_fast_mode_past_the_capacity_a_forming_queue_holds_the_ramp() -> None:
     assert run([(1_000, fast(rtt=31.0, rate=950_000, recv=950_000))], under)[-1].reason == "ramp_near"
     # and past it, 29 ms (under half the threshold) does not either
     assert run([(1_000, fast(rtt=29.0, rate=1_000_000, recv=1_000_000))], at_capacity)[-1].reason == "ramp_near"
+    # on a jittery path (noise 6 ms: threshold 24 ms, over its floor) 33 ms is jitter's reach: no hold
+    jittery = replace(at_capacity, probe_noise_ms=6.0)
+    assert run([(1_000, fast(rtt=33.0, rate=1_000_000, recv=1_000_000))], jittery)[-1].reason == "ramp_near"
 
 
 def test_fast_mode_forgets_the_capacity_once_the_viewer_gets_10_percent_more_without_a_queue() -> None:

@@ -167,6 +167,36 @@ def test_encoder_efficiency_follows_send_over_given_and_jumps_up_on_an_overshoot
         assert encoder_efficiency(0.9, sent, given, target, app_limited=limited, elapsed_ms=elapsed) == 0.9
 
 
+def test_right_after_a_big_cut_the_encoders_undershoot_is_not_learnt() -> None:
+    from streamer.control import encoder_efficiency
+
+    # not steady (the target moved > 25 % within the window): a lower sample is ignored, a higher
+    # one still counts
+    kw = {"app_limited": False, "elapsed_ms": 100, "steady": False}
+    assert encoder_efficiency(0.8, 600_000, 1_000_000, 1_000_000, **kw) == 0.8  # type: ignore[arg-type]
+    assert encoder_efficiency(0.8, 900_000, 1_000_000, 1_000_000, **kw) > 0.8  # type: ignore[arg-type]
+    # in the controller: a loss cut halves the target; the encoder then sends little for a while,
+    # and the gain does not climb on it until the window holds one target again
+    controller = StreamController(GAME_PROFILE, game_ladder(1280, 720, 30))
+    controller.update(Feedback(), 0)
+    for t in range(100, 1_100, 100):
+        controller.update(Feedback(send_rate_bps=int(0.8 * 5_000_000 * controller.gain)), t)
+    cut = controller.update(Feedback(fraction_lost=255, send_rate_bps=int(0.8 * 5_000_000 * controller.gain)), 1_100)
+    assert cut.bitrate.reason == "loss_backoff"
+    before = controller.gain
+    gains = []
+    for t in range(1_200, 1_600, 100):  # x264 starved after the cut: 60 % of what it is given
+        step = controller.update(Feedback(send_rate_bps=int(0.6 * step_given(controller))), t)
+        gains.append(controller.gain)
+        assert step.bitrate.target_bps <= cut.bitrate.target_bps * 1.1
+    assert max(gains) <= before + 1e-9
+
+
+def step_given(controller: StreamController) -> int:
+    assert controller.last is not None
+    return controller.last.encoder_bps
+
+
 def test_mean_target_weighs_each_step_by_its_time_in_the_window() -> None:
     from streamer.control import mean_target
 
