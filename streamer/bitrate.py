@@ -109,7 +109,10 @@ FAST_FEEDBACK_STALE_MS = 1_000
 # drop (measured, bench/bench_abr.py), holding the target under 75 % of the path meanwhile.
 PROBE_RISE_MIN_MS = 20.0  # probe RTT above baseline + max(this, RTT_RISE_FRACTION * baseline,
 PROBE_NOISE_FACTOR = 4.0  # this * the probe RTT's noise) is "high"
-PROBE_NOISE_GAIN = 1 / 8  # noise: moving average of |RTT - previous RTT| (RFC 3550's jitter gain is 1/16)
+# noise: moving average of |RTT - previous RTT| per 100 ms sample (RFC 3550's jitter gain is 1/16);
+# 1/8 forgot a jittery path's noise within a second between its excursions, the threshold fell to
+# its 20 ms floor, and the next excursion cut (ABR lab, 30 +- 15 ms: a cut every 2-3 s)
+PROBE_NOISE_GAIN = 1 / 16
 # Factor 4, not 2: on a 30 +- 15 ms path (the period's lowest of 4 probes, simulated) factor 2
 # cut falsely 3.7 times in 20 s, factor 4 0.2 times; a queue growing 10 ms a period is still
 # caught on its 4th period either way (the 20 ms floor binds on a clean path).

@@ -476,8 +476,9 @@ def test_a_draining_queue_does_not_cut_again_and_holds_the_ramp() -> None:
     decisions = run(steps)
     assert reasons(decisions)[2:] == ["delay_backoff", "hold", "hold", "hold", "hold"]
     assert targets(decisions)[-1] == 800_000
-    # the queue stops draining (RTT no longer falls) while still high: two such samples cut again
-    more = run([(1_400, fast(rtt=64.0, rate=800_000)), (1_600, fast(rtt=66.0, rate=800_000))], decisions[-1].state)
+    # the queue stops draining (RTT falls < 5 ms) while still high (threshold 20 ms, under the
+    # severe 60): two such samples cut again
+    more = run([(1_400, fast(rtt=58.0, rate=800_000)), (1_600, fast(rtt=59.0, rate=800_000))], decisions[-1].state)
     assert reasons(more) == ["hold", "delay_backoff"]
 
 
