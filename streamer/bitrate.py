@@ -348,6 +348,15 @@ def jitter_ms_from_rtp(jitter_rtp_units: float, clock_rate_hz: int = RTP_VIDEO_C
     return jitter_rtp_units * 1000.0 / clock_rate_hz
 
 
+def queue_free(signals: BitrateSignals) -> bool:
+    """Fast mode, and the probe RTT within half its threshold of the baseline: no queue stands on
+    the path, so loss the viewer sees now is the path's own (random), not an overflow's."""
+    if not signals.fast or signals.probe_rtt_ms is None or signals.probe_rtt_baseline_ms is None:
+        return False
+    threshold = signals.probe_threshold_ms or PROBE_RISE_MIN_MS
+    return signals.probe_rtt_ms <= signals.probe_rtt_baseline_ms + PROBE_FORMING_FRACTION * threshold
+
+
 def remb_cap_bps(remb_bps: int, trusted: bool = True) -> int:
     """The highest target allowed under a REMB: minus headroom after a fall, else the probe ceiling."""
     return remb_bps * (REMB_HEADROOM_PERCENT if trusted else REMB_PROBE_PERCENT) // 100

@@ -356,7 +356,8 @@ class FeedbackSender(RTCRtpSender):
 
     async def _retransmit(self, sequence_number: int) -> None:
         limiter = self._retransmit_limiter
-        if limiter is None or limiter.allow(sequence_number, _now_ms()):
+        copies = 1 if limiter is None else limiter.copies(sequence_number, _now_ms())
+        for _ in range(copies):
             await super()._retransmit(sequence_number)
 
     def detach_feedback(self) -> None:
@@ -536,9 +537,14 @@ class ViewerPeer:
             self._retransmits.rtt_ms = rtt_now
         return RemoteFeedback(remb, report, rtt_ms, bytes_sent, self._feedback.keyframe_requests, packets_sent, probe)
 
-    def set_target(self, target_bps: int) -> None:
-        """The video target in force: the retransmission budget is a share of it."""
+    def set_target(self, target_bps: int, duplicate_retransmissions: bool = False) -> None:
+        """The video target in force: the retransmission budget is a share of it.
+
+        ``duplicate_retransmissions``: send each retransmission twice (the loss is random, not a
+        queue's: see ``streamer.rtx.RetransmitLimiter.duplicate``).
+        """
         self._retransmits.target_bps = target_bps
+        self._retransmits.duplicate = duplicate_retransmissions
 
     @property
     def retransmits(self) -> RetransmitCounters:

@@ -45,9 +45,10 @@ DEFAULT_RTT_MS: Final = 100.0
 class RetransmitCounters:
     """NACKed sequence numbers: retransmitted, or skipped (repeated within an RTT, over budget)."""
 
-    sent: int = 0
+    sent: int = 0  # retransmitted packets, second copies included
     repeated: int = 0
     over_budget: int = 0
+    duplicated: int = 0  # second copies sent (``RetransmitLimiter.duplicate``)
 
 
 class RetransmitLimiter:
@@ -56,10 +57,19 @@ class RetransmitLimiter:
     def __init__(self, target_bps: int, rtt_ms: float = DEFAULT_RTT_MS) -> None:
         self.target_bps = target_bps
         self.rtt_ms = rtt_ms
+        # Send each allowed retransmission twice (budget permitting): set while the loss is random
+        # (no queue), so a retransmission lost too does not cost the viewer another round trip.
+        self.duplicate = False
         self.counters = RetransmitCounters()
         self._sent_at: OrderedDict[int, float] = OrderedDict()  # sequence number -> when retransmitted
         self._tokens = self._capacity()  # in packets
         self._refilled_ms: float | None = None
+
+    def _refill(self, now_ms: float) -> None:
+        if self._refilled_ms is not None:
+            elapsed = max(0.0, now_ms - self._refilled_ms)
+            self._tokens = min(self._capacity(), self._tokens + elapsed * self._rate_per_ms())
+        self._refilled_ms = now_ms
 
     def _capacity(self) -> float:
         return self._rate_per_ms() * RTX_BURST_MS
@@ -67,12 +77,21 @@ class RetransmitLimiter:
     def _rate_per_ms(self) -> float:
         return self.target_bps * RTX_BUDGET_PERCENT / 100 / RTX_PACKET_BITS / 1000
 
+    def copies(self, seq: int, now_ms: float) -> int:
+        """How many copies of ``seq`` to send now: 0, 1, or 2 while ``duplicate`` is set and the
+        budget holds a second packet (each copy is counted against it)."""
+        if not self.allow(seq, now_ms):
+            return 0
+        if not self.duplicate or self._tokens < 1.0:
+            return 1
+        self._tokens -= 1.0
+        self.counters.sent += 1
+        self.counters.duplicated += 1
+        return 2
+
     def allow(self, seq: int, now_ms: float) -> bool:
         """True: retransmit ``seq`` now (and it is counted against the budget)."""
-        if self._refilled_ms is not None:
-            elapsed = max(0.0, now_ms - self._refilled_ms)
-            self._tokens = min(self._capacity(), self._tokens + elapsed * self._rate_per_ms())
-        self._refilled_ms = now_ms
+        self._refill(now_ms)
         last = self._sent_at.get(seq)
         if last is not None and now_ms - last < max(MIN_RETRANSMIT_INTERVAL_MS, RETRANSMIT_RTT_FACTOR * self.rtt_ms):
             self.counters.repeated += 1

@@ -722,7 +722,8 @@ class SessionRuntime:
 
     async def _apply(self, step: ControlStep) -> None:
         if self._peer is not None:
-            self._peer.set_target(step.bitrate.target_bps)
+            # random loss (no queue): a retransmission goes out twice, so a lost one costs no round trip
+            self._peer.set_target(step.bitrate.target_bps, bitrate_policy.queue_free(step.bitrate.signals))
         if self._pipeline is None:
             return
         encoder_bps = media_bps(step.encoder_bps, self._retransmit_bps)

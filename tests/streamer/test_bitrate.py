@@ -596,6 +596,17 @@ def test_fast_mode_past_the_capacity_a_forming_queue_holds_the_ramp() -> None:
     assert run([(1_000, fast(rtt=33.0, rate=1_000_000, recv=1_000_000))], jittery)[-1].reason == "ramp_near"
 
 
+def test_queue_free_says_whether_loss_now_is_the_paths_or_a_queues() -> None:
+    from streamer.bitrate import queue_free
+
+    quiet = run([(0, fast()), (200, fast(rtt=29.0))])[-1]  # baseline 20, threshold 20: 29 < 30
+    assert queue_free(quiet.signals)
+    forming = run([(0, fast()), (200, fast(rtt=31.0))])[-1]
+    assert not queue_free(forming.signals)
+    rtcp_only = run([(0, CLEAN), (200, CLEAN)])[-1]  # no probe answers: nothing to tell by
+    assert not queue_free(rtcp_only.signals)
+
+
 def test_fast_mode_forgets_the_capacity_once_the_viewer_gets_10_percent_more_without_a_queue() -> None:
     cut = run([(0, fast()), (200, fast()), (400, fast(rtt=120.0))])[-1]
     above = replace(cut.state, target_bps=1_090_000)

@@ -134,6 +134,19 @@ def test_retransmissions_stay_within_the_budget_and_refill_with_time() -> None:
     assert [limiter.allow(seq, 2_000.0) for seq in range(300, 320)].count(True) == 2
 
 
+def test_while_the_loss_is_random_each_retransmission_goes_out_twice_within_the_budget() -> None:
+    limiter = RetransmitLimiter(target_bps=4_800_000, rtt_ms=10.0)  # 125 packets/s, 25 in the bucket
+    assert limiter.copies(1, 0.0) == 1  # not duplicating: one copy
+    limiter.duplicate = True
+    assert limiter.copies(2, 0.0) == 2
+    assert limiter.copies(2, 1.0) == 0  # the same packet within the round trip: none
+    # both copies are paid for: 1 + 2 spent, 22 left -> 11 more doubled packets
+    assert [limiter.copies(seq, 0.0) for seq in range(10, 22)] == [2] * 11 + [0]
+    assert limiter.copies(30, 8.0) == 1  # 8 ms refills one packet: a single copy
+    counters = limiter.counters
+    assert (counters.sent, counters.duplicated, counters.over_budget, counters.repeated) == (26, 12, 1, 1)
+
+
 def test_retransmissions_are_paid_for_out_of_the_encoders_bits_up_to_half() -> None:
     assert media_bps(4_000_000, 0) == 4_000_000
     assert media_bps(4_000_000, 1_000_000) == 3_000_000
