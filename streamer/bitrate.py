@@ -354,7 +354,7 @@ def queue_free(signals: BitrateSignals) -> bool:
     if not signals.fast or signals.probe_rtt_ms is None or signals.probe_rtt_baseline_ms is None:
         return False
     threshold = signals.probe_threshold_ms or PROBE_RISE_MIN_MS
-    return signals.probe_rtt_ms <= signals.probe_rtt_baseline_ms + PROBE_FORMING_FRACTION * threshold
+    return not _forming(signals.probe_rtt_ms, signals.probe_rtt_baseline_ms, threshold)
 
 
 def remb_cap_bps(remb_bps: int, trusted: bool = True) -> int:
@@ -651,7 +651,12 @@ def _queue_forming(probe: _ProbeSignal) -> bool:
         return False
     if PROBE_NOISE_FACTOR * probe.prior_noise_ms > PROBE_RISE_MIN_MS:
         return False
-    return probe.rtt_ms > probe.minima[0][1] + PROBE_FORMING_FRACTION * probe.threshold_ms
+    return _forming(probe.rtt_ms, probe.minima[0][1], probe.threshold_ms)
+
+
+def _forming(rtt_ms: float, baseline_ms: float, threshold_ms: float) -> bool:
+    """A probe RTT over baseline + PROBE_FORMING_FRACTION x threshold: a queue is forming."""
+    return rtt_ms > baseline_ms + PROBE_FORMING_FRACTION * threshold_ms
 
 
 def _drain_percent(probe: _ProbeSignal) -> int:

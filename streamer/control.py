@@ -122,7 +122,7 @@ def round2(value: float | None) -> float | None:
 # lag cancels out.  Compared with the latest target instead, the send rate looked too high for
 # half a second after every cut and the gain was pulled down to 1 (ABR lab, 8 Mbps: the gain fell
 # 1.2 -> 1.0 after each cut and took 2-4 s to climb back, sending 80-90 % of the target meanwhile).
-RATE_MATCH_WINDOW_MS: Final = 500  # = streamer.session.SEND_RATE_WINDOW_S
+RATE_MATCH_WINDOW_MS: Final = 500  # streamer.session measures the send rate over this window
 RATE_MATCH_MAX_GAIN: Final = 1.3  # x264 in a one-frame VBV sent 72-100 % of its bitrate on the lab
 RATE_MATCH_TAU_MS: Final = 500  # the efficiency estimate is a moving average with this time constant
 # ... except upwards past this share of the target: an encoder that suddenly spends all its bits

@@ -70,6 +70,7 @@ from streamer.bitrate import DESKTOP_PROFILE, GAME_PROFILE, BitrateProfile, Feed
 from streamer.capture import FrameSource, open_capture
 from streamer.control import (
     CODEC_PREFERENCES,
+    RATE_MATCH_WINDOW_MS,
     SENDABLE_BACKENDS,
     ControlStep,
     StreamController,
@@ -91,7 +92,8 @@ MAX_WIDTH_PX: Final = 7680
 MAX_HEIGHT_PX: Final = 4320
 MIN_SIZE_PX: Final = 64
 EVENT_DRAIN_TIMEOUT_S: Final = 10.0  # stop() waits this long for queued events to be delivered
-SEND_RATE_WINDOW_S: Final = 0.5  # the send rate the controller gets is averaged over this long
+# the send rate the controller gets is averaged over this long: the window its rate match divides by
+SEND_RATE_WINDOW_S: Final = RATE_MATCH_WINDOW_MS / 1000
 # Retransmissions are paid for out of the encoder's bits (libwebrtc's "protection bitrate"), so
 # media + retransmissions stay at the target; but they never take more than half of it.
 MIN_MEDIA_PERCENT: Final = 50
