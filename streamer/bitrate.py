@@ -103,7 +103,7 @@ APP_LIMITED_PERCENT = 50
 # A probe round trip each period (the lowest of the period's probes) and the viewer's receive
 # rate.  While they arrive ("fast mode": a probe RTT within FAST_FEEDBACK_STALE_MS) the
 # controller reads queues from them instead of waiting for RTCP's one report a second, so it
-# can ramp faster; cuts go to 90 % of what the viewer receives (less for a big queue).
+# can ramp faster; cuts go to 95 % of what the viewer receives (less for a big queue).
 FAST_FEEDBACK_STALE_MS = 1_000
 # ... and the viewer's REMB is left out: aiortc's lagged the probes by 2-5 s after a capacity
 # drop (measured, bench/bench_abr.py), holding the target under 75 % of the path meanwhile.
@@ -162,10 +162,12 @@ DRAIN_TARGET_MS = 500
 # to 85-88 % of the path where the queue alone called for 90 (utilization 83-85 %).
 DRAIN_NOISE_FACTOR = 2.0
 MIN_DRAIN_PERCENT = 50
-# ... and to 90 %, not 85, when the queue is small: the probes catch it early, and a shallower
-# cut keeps more of the path in use (ABR lab, 8 Mbps: 85 % cuts every few seconds held the
-# goodput at 82-84 % of the capacity).
-FAST_BACKOFF_PERCENT = 90
+# ... and to 95 %, not 85 or 90, when the queue is small: the probes catch it early, and a
+# shallower cut keeps more of the path in use (ABR lab, 8 Mbps: 85 % cuts every few seconds held
+# the goodput at 82-84 % of the capacity; 30 +- 15 ms jitter at 5 Mbps: 90 % cuts every 2-3 s,
+# each followed by the x1.08/s climb back, held it at 82-89 % over 11 runs, 95 % at 87-88 %
+# over 3).  A 25 ms queue (the threshold) drains within the 500 ms hold at 95 %.
+FAST_BACKOFF_PERCENT = 95
 
 # --- hold after a cut -------------------------------------------------------------------
 MIN_HOLD_MS = 300  # hold for max(MIN_HOLD_MS, RTT) after a cut before increasing again
@@ -202,7 +204,7 @@ class BitrateReason(StrEnum):
     RAMP_NEAR = "ramp_near"  # fast mode, near the capacity: +8 %/s (probes catch an overshoot at once)
     DELAY_BACKOFF = "delay_backoff"  # jitter/RTT rose above baseline for several samples
     LOSS_BACKOFF = "loss_backoff"  # loss > 10 %: rate *= (1 - 0.5 * loss)
-    RECV_SHORTFALL = "recv_shortfall"  # the viewer receives well under the send rate: cut to 90 % of it
+    RECV_SHORTFALL = "recv_shortfall"  # the viewer receives well under the send rate: cut to 95 % of it
     REMB_CAP = "remb_cap"  # limited by the viewer's REMB (headroom after a fall, else the probe ceiling)
     MIN_CLAMP = "min_clamp"  # raised to the profile minimum
     MAX_CLAMP = "max_clamp"  # limited to the profile maximum
@@ -660,7 +662,7 @@ def _forming(rtt_ms: float, baseline_ms: float, threshold_ms: float) -> bool:
 
 
 def _drain_percent(probe: _ProbeSignal) -> int:
-    """How far under the carried rate a fast-mode cut goes: 90 %, or lower to drain a big queue.
+    """How far under the carried rate a fast-mode cut goes: 95 %, or lower to drain a bigger queue.
 
     Sending at r x capacity drains a queue of q ms in q / (1 - r) ms; the cut takes r so that
     the queue the latest probe shows drains within `DRAIN_TARGET_MS` (never under 50 %).  The

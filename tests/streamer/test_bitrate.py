@@ -441,12 +441,21 @@ def test_fast_ramp_never_runs_more_than_20_percent_ahead_of_what_the_viewer_rece
     assert decisions[-1].target_bps == 1_320_000  # 1.5 Mbps capped at 120 % of 1.1 Mbps
 
 
-def test_probe_rtt_rise_cuts_to_90_percent_of_the_received_rate_after_two_samples() -> None:
-    steps = [(0, fast()), (200, fast()), (400, fast(rtt=45.0)), (600, fast(rtt=50.0, recv=900_000))]
+@pytest.mark.parametrize(
+    ("first", "second", "percent"),
+    [
+        (45.0, 50.0, 94),  # a 30 ms queue drains in 500 ms at 94 %
+        (41.0, 42.0, 95),  # a 22 ms queue would drain at 95.6 %: the cut is never shallower than 95 %
+    ],
+)
+def test_probe_rtt_rise_cuts_the_received_rate_by_the_queue_after_two_samples(
+    first: float, second: float, percent: int
+) -> None:
+    steps = [(0, fast()), (200, fast()), (400, fast(rtt=first)), (600, fast(rtt=second, recv=900_000))]
     decisions = run(steps)
-    # baseline 20 ms, threshold 20 ms: 45 is high (hold), 50 is high again and still rising: cut.
+    # baseline 20 ms, threshold 20 ms: the first is high (hold), the second is high again and rising: cut.
     assert reasons(decisions)[2:] == ["hold", "delay_backoff"]
-    assert decisions[-1].target_bps == 900_000 * 90 // 100  # a 30 ms queue drains in 300 ms at 90 %
+    assert decisions[-1].target_bps == 900_000 * percent // 100
     assert decisions[-1].signals.probe_rtt_baseline_ms == 20.0
     assert decisions[-1].signals.probe_threshold_ms == 20.0
 
@@ -503,9 +512,9 @@ def test_probe_noise_raises_the_threshold_so_jitter_alone_never_cuts(monkeypatch
 @pytest.mark.parametrize(
     ("recvs", "expected"),
     [
-        ((490_000,), [("recv_shortfall", 490_000 * 90 // 100)]),  # < 50 % of what we send: at once
+        ((490_000,), [("recv_shortfall", 490_000 * 95 // 100)]),  # < 50 % of what we send: at once
         # (the target is 1_084_471 by then: one 200 ms step of the x1.5/s ramp from 1 Mbps)
-        ((700_000, 700_000), [("hold", 1_084_471), ("recv_shortfall", 700_000 * 90 // 100)]),  # < 80 %: twice
+        ((700_000, 700_000), [("hold", 1_084_471), ("recv_shortfall", 700_000 * 95 // 100)]),  # < 80 %: twice
         ((700_000, 1_000_000), [("hold", 1_084_471), ("ramp_multiplicative", 1_176_078)]),  # once is noise
     ],
 )
@@ -521,9 +530,9 @@ def test_after_a_shortfall_cut_only_a_further_shortfall_cuts_again() -> None:
     # The send rate is a window's average and stays high after the cut; the reference is the
     # lower of it and the target, so a viewer receiving what the new target sends is fine.
     first = run([(0, fast()), (200, fast()), (400, fast(recv=400_000))])
-    assert first[-1].target_bps == 360_000
-    later = run([(600, fast(rate=900_000, recv=330_000)), (800, fast(rate=800_000, recv=150_000))], first[-1].state)
-    assert [(str(d.reason), d.target_bps) for d in later] == [("hold", 360_000), ("recv_shortfall", 135_000)]
+    assert first[-1].target_bps == 380_000  # 95 %: no queue to drain
+    later = run([(600, fast(rate=900_000, recv=340_000)), (800, fast(rate=800_000, recv=150_000))], first[-1].state)
+    assert [(str(d.reason), d.target_bps) for d in later] == [("hold", 380_000), ("recv_shortfall", 142_500)]
 
 
 def test_fast_mode_loss_without_a_queue_does_not_hold_and_answered_loss_does_not_cut() -> None:
