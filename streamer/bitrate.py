@@ -171,6 +171,12 @@ FAST_BACKOFF_PERCENT = 95
 
 # --- hold after a cut -------------------------------------------------------------------
 MIN_HOLD_MS = 300  # hold for max(MIN_HOLD_MS, RTT) after a cut before increasing again
+# In a fast-mode hold a cut is taken again when the probes show the queue high and not draining
+# and the viewer receives under this share of the target: the first cut did not reach under the path.
+# ABR lab, 8 -> 2 Mbps: the viewer's rate at the first cut still held 0.1 s of the 8 Mbps path
+# (2.35 Mbps), the cut went to 2.07 on a path carrying 1.75, and a second overflow followed the
+# hold (settle 1.9 s).  After a cut that did reach under it the viewer gets over the target.
+HOLD_RECUT_RECV_PERCENT = 95
 # fast mode: max(this, RTT) -- the time a cut gives the queue to drain (DRAIN_TARGET_MS).  With
 # 300 ms, on the lab's 30 +- 15 ms jitter path, a probe 300 ms after a cut still showed the queue
 # (jitter hid the fall), and a second cut took the target to about 60 % of the path.
@@ -479,7 +485,17 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
         congested = carried
         if fast and recv_rate is not None and path_limited:
             congested = recv_rate
-        if delay_cut and not in_hold:
+        # in a fast-mode hold: the queue high and not draining (DELAY_OVERUSE_SAMPLES samples since
+        # the cut; one severe sample is not enough: a cut shows in the probes a period later) while
+        # the viewer receives under the target -- the cut did not reach under the path
+        recut = (
+            fast
+            and probe.fresh
+            and probe.high_samples >= DELAY_OVERUSE_SAMPLES
+            and recv_rate is not None
+            and recv_rate * 100 < target * HOLD_RECUT_RECV_PERCENT
+        )
+        if (delay_cut and not in_hold) or (recut and in_hold):
             cuts.append((carried * percent // 100, BitrateReason.DELAY_BACKOFF, congested))
         # no hold for this one: it compares the viewer's rate with the target in force, so after
         # a cut it fires again only if the viewer gets less still (a cut that was not deep enough)

@@ -658,3 +658,32 @@ def test_fast_mode_holds_the_ramp_while_the_viewer_receives_less_than_we_send() 
     # 960 kbps (>= 95 %): ramp on, capped at 120 % of it
     decisions = run([(0, fast()), (200, fast(rate=1_000_000, recv=960_000))])
     assert decisions[-1].reason == "ramp_multiplicative" and decisions[-1].target_bps > 1_000_000
+
+
+@pytest.mark.parametrize(("recv", "expected"), [(700_000, "delay_backoff"), (820_000, "hold")])
+def test_in_the_hold_a_queue_that_does_not_drain_cuts_again_when_the_viewer_gets_under_the_target(
+    recv: int, expected: str
+) -> None:
+    # A severe probe (120 ms) cuts 1 Mbps to 800 kbps (the queue: 100 ms -> 80 %).  Within the
+    # 500 ms hold the queue stays high and does not drain (two samples): with the viewer receiving
+    # 700 kbps, under 95 % of the 800 kbps target, the cut missed the path and is taken again, to
+    # 700 k x the drain share of a 110 ms queue (78 %); receiving 820 kbps, the cut works: hold.
+    cut = run([(0, fast()), (200, fast()), (400, fast(rtt=120.0))])[-1]
+    assert (cut.reason, cut.target_bps) == ("delay_backoff", 800_000)
+    steps = [(500, fast(rtt=125.0, rate=900_000, recv=recv)), (600, fast(rtt=130.0, rate=900_000, recv=recv))]
+    later = run(steps, cut.state)
+    # a single sample, severe as it is, does not cut in the hold: the cut shows a period later
+    assert [str(d.reason) for d in later] == ["hold", expected]
+    if expected == "delay_backoff":
+        assert later[-1].target_bps == recv * 78 // 100
+        assert later[-1].signals.capacity_bps == recv
+    else:
+        assert later[-1].target_bps == 800_000
+
+
+def test_in_the_hold_a_draining_queue_does_not_cut_again() -> None:
+    # The same miss, but the probes fall 10 ms a sample: the queue drains, the cut works.
+    cut = run([(0, fast()), (200, fast()), (400, fast(rtt=120.0))])[-1]
+    steps = [(500, fast(rtt=110.0, rate=900_000, recv=700_000)), (600, fast(rtt=100.0, rate=900_000, recv=700_000))]
+    later = run(steps, cut.state)
+    assert [(str(d.reason), d.target_bps) for d in later] == [("hold", 800_000), ("hold", 800_000)]
