@@ -165,8 +165,8 @@ MIN_DRAIN_PERCENT = 50
 # ... and to 95 %, not 85 or 90, when the queue is small: the probes catch it early, and a
 # shallower cut keeps more of the path in use (ABR lab, 8 Mbps: 85 % cuts every few seconds held
 # the goodput at 82-84 % of the capacity; 30 +- 15 ms jitter at 5 Mbps: 90 % cuts every 2-3 s,
-# each followed by the x1.08/s climb back, held it at 82-89 % over 11 runs, 95 % at 87-88 %
-# over 3).  A 25 ms queue (the threshold) drains within the 500 ms hold at 95 %.
+# each followed by the x1.08/s climb back, held it at 82-89 % over 11 runs, 95 % at 85-90 %
+# over 11).  A 25 ms queue (the threshold) drains within the 500 ms hold at 95 %.
 FAST_BACKOFF_PERCENT = 95
 
 # --- hold after a cut -------------------------------------------------------------------
