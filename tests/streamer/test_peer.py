@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, VideoStreamTrack
 from aiortc.rtp import (
     RTCP_PSFB_APP,
     RTCP_PSFB_FIR,
@@ -30,6 +30,7 @@ from streamer.peer import (
     parse_offer,
     rtc_configuration,
 )
+from streamer.rtx import RetransmitLimiter
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -212,3 +213,60 @@ def test_the_sender_keeps_a_second_of_packets_to_answer_nacks_from() -> None:
     assert aiortc.rtcrtpreceiver.RTP_HISTORY_SIZE == aiortc.rtp.RTP_HISTORY_SIZE == 128
     for method in (RTCRtpSender._retransmit, RTCRtpSender._run_rtp):
         assert "RTP_HISTORY_SIZE" in method.__code__.co_names, method
+
+
+@pytest.mark.parametrize(("duplicate", "copies"), [(True, 2), (False, 1)])
+async def test_a_nacked_packet_crosses_the_wire_twice_while_retransmissions_are_doubled(
+    duplicate: bool, copies: int
+) -> None:
+    # Two aiortc peers on loopback: the viewer NACKs one packet it did get, over RTCP; the
+    # node's FeedbackSender answers through its RetransmitLimiter, and the viewer counts the RTX
+    # packets that arrive carrying that sequence number (RFC 4588: the original one leads the payload).
+    node = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    viewer = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    try:
+        viewer.addTransceiver("video", direction="recvonly")
+        offer = await viewer.createOffer()
+        advertise_host_addresses(viewer, ["127.0.0.1"])
+        await viewer.setLocalDescription(offer)
+        await node.setRemoteDescription(viewer.localDescription)
+        sender = node.addTrack(VideoStreamTrack())
+        limiter = RetransmitLimiter(2_000_000)
+        limiter.duplicate = duplicate
+        FeedbackSender.adopt(sender, Sink(), limiter)
+        answer = await node.createAnswer()
+        advertise_host_addresses(node, ["127.0.0.1"])
+        await node.setLocalDescription(answer)
+        await viewer.setRemoteDescription(node.localDescription)
+
+        receiver = viewer.getTransceivers()[0].receiver
+        handle = receiver._handle_rtp_packet
+        media: list[int] = []  # sequence numbers of media packets
+        rtx: list[int] = []  # original sequence numbers carried by RTX packets
+
+        async def spy(packet: Any, arrival_time_ms: int) -> None:
+            if packet.ssrc == sender._ssrc:
+                media.append(packet.sequence_number)
+            elif packet.ssrc == sender._rtx_ssrc:
+                rtx.append(int.from_bytes(packet.payload[:2], "big"))
+            await handle(packet, arrival_time_ms)
+
+        receiver._handle_rtp_packet = spy  # type: ignore[method-assign]
+        for _ in range(200):
+            if len(media) >= 5:
+                break
+            await asyncio.sleep(0.05)
+        assert len(media) >= 5, "no media reached the viewer"
+        nacked = media[-1]
+        await receiver._send_rtcp_nack(sender._ssrc, [nacked])
+        for _ in range(40):
+            if len(rtx) >= copies:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # a copy too many would arrive by now
+        # (counted per sequence number: a packet lost on loopback under load would be NACKed too)
+        assert rtx.count(nacked) == copies
+        assert limiter.counters.duplicated == len(rtx) - len(set(rtx))
+    finally:
+        await viewer.close()
+        await node.close()
