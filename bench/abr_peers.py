@@ -56,6 +56,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import socket
 import sys
 import threading
@@ -79,6 +80,7 @@ from aiortc import (
 )
 from aiortc.mediastreams import MediaStreamError
 
+from bench.common import PEERS_LOG_LEVEL_ENV
 from broker.protocol import INPUT_CHANNEL_LABEL
 from streamer.bitrate import GAME_PROFILE, BitrateProfile
 from streamer.game import Game, read_stamp, stamp_height
@@ -454,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     p_probe.add_argument("--interval-ms", type=float, default=50.0)
     args = parser.parse_args(argv)
     log_format = f"{args.role} %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format=log_format)
+    level = os.environ.get(PEERS_LOG_LEVEL_ENV, "WARNING").upper()
+    logging.basicConfig(level=level, stream=sys.stderr, format=log_format)
 
     if args.role == "echo":
         run_echo(args)

@@ -10,6 +10,8 @@ import importlib.util
 import os
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's package; browsers are never downloaded
+# bench_abr.py --verbose sets this in its children's environment: abr_peers.py logs at this level
+PEERS_LOG_LEVEL_ENV = "BENCH_ABR_PEERS_LOG_LEVEL"
 CHROMIUM_ARGS = [  # FACTS.md: headless Debian Chromium, WebRTC to a peer on this machine with plain host candidates
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--allow-loopback-in-peer-connection",
