@@ -471,10 +471,12 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
         carried = target
         if path_limited and send_rate is not None:
             carried = min(target, recv_rate if fast and recv_rate is not None else send_rate)
+        # the probes' overuse: DELAY_OVERUSE_SAMPLES high samples in a row, none of them draining
+        probe_overuse = probe.fresh and probe.high_samples >= DELAY_OVERUSE_SAMPLES
         # fast mode: the probes are the delay signal; the receiver reports' RTT and jitter are
         # a second old (after a cut they still show the queue the cut is draining)
         if fast:
-            delay_cut = probe.fresh and (probe.high_samples >= DELAY_OVERUSE_SAMPLES or probe.severe)
+            delay_cut = probe_overuse or (probe.fresh and probe.severe)
             percent = _drain_percent(probe)
         else:
             delay_cut = fresh_delay and delay_high_samples >= DELAY_OVERUSE_SAMPLES
@@ -489,11 +491,7 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
         # the cut; one severe sample is not enough: a cut shows in the probes a period later) while
         # the viewer receives under the target -- the cut did not reach under the path
         recut = (
-            fast
-            and probe.fresh
-            and probe.high_samples >= DELAY_OVERUSE_SAMPLES
-            and recv_rate is not None
-            and recv_rate * 100 < target * HOLD_RECUT_RECV_PERCENT
+            fast and probe_overuse and recv_rate is not None and recv_rate * 100 < target * HOLD_RECUT_RECV_PERCENT
         )
         if (delay_cut and not in_hold) or (recut and in_hold):
             cuts.append((carried * percent // 100, BitrateReason.DELAY_BACKOFF, congested))
