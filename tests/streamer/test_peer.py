@@ -15,6 +15,8 @@ from aiortc.rtp import (
     RtcpPsfbPacket,
     RtcpReceiverInfo,
     RtcpRrPacket,
+    RtpPacket,
+    is_rtcp,
     pack_remb_fci,
 )
 
@@ -241,32 +243,56 @@ async def test_a_nacked_packet_crosses_the_wire_twice_while_retransmissions_are_
 
         receiver = viewer.getTransceivers()[0].receiver
         handle = receiver._handle_rtp_packet
-        media: list[int] = []  # sequence numbers of media packets
-        rtx: list[int] = []  # original sequence numbers carried by RTX packets
+        media: list[int] = []  # sequence numbers of media packets the viewer got
+        rtx: list[int] = []  # original sequence numbers carried by the RTX packets it got
+        enough_media = asyncio.Event()
+        nacked = -1
+        all_arrived = asyncio.Event()
 
         async def spy(packet: Any, arrival_time_ms: int) -> None:
             if packet.ssrc == sender._ssrc:
                 media.append(packet.sequence_number)
+                if len(media) >= 5:
+                    enough_media.set()
             elif packet.ssrc == sender._rtx_ssrc:
                 rtx.append(int.from_bytes(packet.payload[:2], "big"))
+                if rtx.count(nacked) >= copies:
+                    all_arrived.set()
             await handle(packet, arrival_time_ms)
 
         receiver._handle_rtp_packet = spy  # type: ignore[method-assign]
-        for _ in range(200):
-            if len(media) >= 5:
-                break
-            await asyncio.sleep(0.05)
-        assert len(media) >= 5, "no media reached the viewer"
+        await asyncio.wait_for(enough_media.wait(), 10)
         nacked = media[-1]
+
+        # what the node puts on the wire for that NACK, and when it has finished answering it
+        transport = sender.transport
+        send_rtp = transport._send_rtp
+        sent: list[int] = []  # original sequence numbers of the RTX packets the node sent
+        answered = asyncio.Event()
+
+        async def count_sent(data: bytes) -> None:
+            if not is_rtcp(data):  # the transport sends RTCP through here too
+                packet = RtpPacket.parse(data)
+                if packet.ssrc == sender._rtx_ssrc:
+                    sent.append(int.from_bytes(packet.payload[:2], "big"))
+            await send_rtp(data)
+
+        retransmit = sender._retransmit
+
+        async def retransmit_then_mark(sequence_number: int) -> None:
+            await retransmit(sequence_number)
+            if sequence_number == nacked:
+                answered.set()
+
+        transport._send_rtp = count_sent  # type: ignore[method-assign]
+        sender._retransmit = retransmit_then_mark  # type: ignore[method-assign]
         await receiver._send_rtcp_nack(sender._ssrc, [nacked])
-        for _ in range(40):
-            if len(rtx) >= copies:
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.2)  # a copy too many would arrive by now
+        await asyncio.wait_for(answered.wait(), 10)
         # (counted per sequence number: a packet lost on loopback under load would be NACKed too)
+        assert sent.count(nacked) == copies
+        await asyncio.wait_for(all_arrived.wait(), 10)
         assert rtx.count(nacked) == copies
-        assert limiter.counters.duplicated == len(rtx) - len(set(rtx))
+        assert limiter.counters.duplicated == len(sent) - len(set(sent))
     finally:
         await viewer.close()
         await node.close()
