@@ -13,13 +13,13 @@ namespaces share no network, the parent holds both pipes): a child prints
 ``{"first_frame": t}`` for the parent; it reads ``{"sig": {...}}`` and ``{"cmd": "stop"}``.
 After ``stop`` (or EOF on stdin) each child prints one ``{"result": {...}}`` line and exits.
 Logs go to stderr.  ICE uses no STUN server (``RTCConfiguration(iceServers=[])``) and offers
-exactly ``--advertise`` as host candidate (``streamer.peer.advertise_host_addresses``): the
+exactly ``--advertise`` as host candidate (``streamer.media.peer.advertise_host_addresses``): the
 veth address in a namespace, 127.0.0.1 on loopback (aioice skips loopback by itself).
 
 Senders (all send the same picture: ``BusyGame``, the built-in game whose frames carry the
 game stamp -- frame number and render time -- with a moving block of fresh noise over a
 quarter of the play area, so x264 can fill any bitrate the benchmark asks for; H.264):
-  * ``ours``: the node's real path, ``streamer.session.SessionRuntime`` as a game session
+  * ``ours``: the node's real path, ``streamer.media.session.SessionRuntime`` as a game session
     (frame thread -> ``VideoEncoder`` -> ``EncodedVideoTrack``, ``FeedbackSender``, the
     control loop applying ``StreamController`` every ``stats_interval_ms``), game profile
     (1-25 Mbps) and game ladder;
@@ -29,10 +29,10 @@ quarter of the play area, so x264 can fill any bitrate the benchmark asks for; H
   * ``stock``: aiortc's own path: a raw-frame ``VideoStreamTrack`` of the same picture,
     encoded by aiortc's H.264 encoder, whose bitrate aiortc sets from each REMB itself
     (clamped to 0.5-3 Mbps, a new encoder and keyframe on every change over 10 %).
-Every sender answers the viewer's input pings through ``streamer.inputsink.InputRouter``
+Every sender answers the viewer's input pings through ``streamer.desktop.inputsink.InputRouter``
 (``{"t": "ping"}`` -> ``{"t": "pong"}`` at once, on the event loop).
 
-The viewer (aiortc) decodes, reads each frame's stamp (``streamer.game.read_stamp`` on the
+The viewer (aiortc) decodes, reads each frame's stamp (``streamer.desktop.game.read_stamp`` on the
 luma plane) and records per frame (arrival wall time, delay = arrival - stamp time in ms,
 frame number, size): the namespaces share the machine clock.  Arrival is when aiortc's
 receiver hands out the decoded frame (it holds each frame until the next one starts, about
@@ -82,12 +82,12 @@ from aiortc.mediastreams import MediaStreamError
 
 from bench.common import PEERS_LOG_LEVEL_ENV
 from broker.protocol import INPUT_CHANNEL_LABEL
-from streamer.bitrate import GAME_PROFILE, BitrateProfile
-from streamer.game import Game, read_stamp, stamp_height
-from streamer.inputs import InputEvent
-from streamer.inputsink import InputRouter, wall_clock_ms
-from streamer.peer import advertise_host_addresses, codec_preferences
-from streamer.session import RuntimeConfig, SessionRuntime, SessionSpec
+from streamer.abr.bitrate import GAME_PROFILE, BitrateProfile
+from streamer.desktop.game import Game, read_stamp, stamp_height
+from streamer.desktop.inputs import InputEvent
+from streamer.desktop.inputsink import InputRouter, wall_clock_ms
+from streamer.media.peer import advertise_host_addresses, codec_preferences
+from streamer.media.session import RuntimeConfig, SessionRuntime, SessionSpec
 from tests.streamer.viewer import answer_probes
 
 log = logging.getLogger("abr_peers")

@@ -2,7 +2,7 @@
 
 Runs, on the same seeded demand: (a) always-on peak capacity (every host up all week),
 (a') always-on right-sized to the observed peak concurrency, (b) the default scaling plan,
-(c) the plan `broker.simulate.recommend` finds; prints host-hours, cost, queue-wait
+(c) the plan `broker.autoscale.simulate.recommend` finds; prints host-hours, cost, queue-wait
 percentiles, the share of requests waiting over 60 s, sessions force-ended, and how long
 each simulation took (wall clock, measured here: the simulator itself never reads a clock).
 
@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from broker.autoscale.plans import DEFAULT_PLAN
+from broker.autoscale.simulate import SimConfig, SimResult, format_table, recommend, simulate, synthetic_demand
 from broker.models import PoolConfig
-from broker.plans import DEFAULT_PLAN
-from broker.simulate import SimConfig, SimResult, format_table, recommend, simulate, synthetic_demand
 
 HOST_HOURS_SAVING_TARGET_PCT = 40.0
 WAIT_TARGET_PCT = 1.0  # at most this share of requests may wait over 60 s

@@ -7,10 +7,10 @@ the 2-core development machine.  For the resolution profiles 720p30, 1080p30 and
 1080p60 it prints:
 
 1. frame cost, one stream, paced at the profile's frame rate, ms per frame p50/p95:
-   capture (PyAV x11grab of an Xvfb desktop: ``streamer.display.VirtualDisplay`` +
-   ``streamer.capture.open_capture``) or render (the built-in game,
-   ``streamer.capture.GameCapture``), then conversion + encode with the encoder the
-   node picks on this machine (``streamer.control.choose_backend`` over the probe:
+   capture (PyAV x11grab of an Xvfb desktop: ``streamer.desktop.display.VirtualDisplay`` +
+   ``streamer.desktop.capture.open_capture``) or render (the built-in game,
+   ``streamer.desktop.capture.GameCapture``), then conversion + encode with the encoder the
+   node picks on this machine (``streamer.abr.control.choose_backend`` over the probe:
    libx264 where no GPU exists);
 2. one session streaming to one aiortc viewer over loopback, per kind (``desktop``:
    Xvfb + openbox + a maximized xterm whose output scrolls 40 lines a second;
@@ -18,7 +18,7 @@ the 2-core development machine.  For the resolution profiles 720p30, 1080p30 and
    node's CPU per stream = (CPU seconds of this process, all threads, + the session's
    Xvfb) / wall seconds, 100 % = one core.  The app (openbox, xterm and what runs in
    it) and the viewer are shown apart: they are not node work;
-3. concurrent sessions: 1, 2, 3, ... ``streamer.session.SessionRuntime``s in this one
+3. concurrent sessions: 1, 2, 3, ... ``streamer.media.session.SessionRuntime``s in this one
    process and asyncio loop (as a render node runs them), each with its own viewer,
    until a viewer receives less than 95 % of the profile's frame rate over the
    measurement window or the cap (``--max-sessions``, 8) is reached; the largest N
@@ -63,14 +63,14 @@ from bench.common import machine_busy_cpu_s, own_cpu_s, print_table
 from encoder import AIORTC_VIDEO_CODECS, EncoderConfig, ProbeResult, Selection, VideoEncoder, probe_all_async
 from encoder.backends import Backend
 from encoder.stats import percentile
-from streamer import ladder as ladder_policy
-from streamer.bitrate import DESKTOP_PROFILE, GAME_PROFILE, BitrateProfile
-from streamer.capture import FrameSource, GameCapture, open_capture
-from streamer.control import SENDABLE_BACKENDS, choose_backend
-from streamer.display import DisplayConfig, VirtualDisplay, die_with_parent
-from streamer.game import Game
-from streamer.inputsink import wall_clock_ms
-from streamer.session import RuntimeConfig, SessionRuntime, SessionSpec
+from streamer.abr import ladder as ladder_policy
+from streamer.abr.bitrate import DESKTOP_PROFILE, GAME_PROFILE, BitrateProfile
+from streamer.abr.control import SENDABLE_BACKENDS, choose_backend
+from streamer.desktop.capture import FrameSource, GameCapture, open_capture
+from streamer.desktop.display import DisplayConfig, VirtualDisplay, die_with_parent
+from streamer.desktop.game import Game
+from streamer.desktop.inputsink import wall_clock_ms
+from streamer.media.session import RuntimeConfig, SessionRuntime, SessionSpec
 
 SUSTAIN_RATIO: Final = 0.95  # a viewer keeps up when it receives >= 95 % of the target fps
 DEFAULT_MAX_SESSIONS: Final = 8

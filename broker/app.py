@@ -6,7 +6,7 @@ loops.  Each is torn down in reverse on shutdown, so an embedded redis-server
 never outlives the broker (nor do render nodes the autoscaler's local provider
 started: the provider is closed after the loops stop).  No module-level mutable
 state: everything hangs off the app under typed ``web.AppKey``s
-(``broker.keys_app``; the autoscaler's is ``broker.api_plans.SCALER``).
+(``broker.keys_app``; the autoscaler's is ``broker.http.plans.SCALER``).
 """
 
 from __future__ import annotations
@@ -24,19 +24,19 @@ import redis.exceptions as redis_errors
 from aiohttp import web
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from broker import realtime  # noqa: F401  (registers the streaming routes on broker.api.routes)
-from broker.api import routes
-from broker.api_plans import SCALER, plan_routes
+from broker.autoscale.providers import provider_from_settings
+from broker.autoscale.scaler import Scaler
 from broker.db.engine import create_engine, migrate
 from broker.db.repository import Repository
 from broker.embedded import EmbeddedRedis
 from broker.errors import BrokerError, MalformedBody, NotFound, Unavailable
+from broker.http import realtime  # noqa: F401  (registers the streaming routes on broker.http.api.routes)
+from broker.http.api import routes
+from broker.http.openapi import openapi_document
+from broker.http.plans import SCALER, plan_routes
 from broker.hub import Hub
 from broker.keys_app import BROKER, HUB, METRICS, SETTINGS
 from broker.metrics import Metrics
-from broker.openapi import openapi_document
-from broker.providers import provider_from_settings
-from broker.scaler import Scaler
 from broker.service import Broker, Clock, run_every, wall_clock_ms
 from broker.settings import BrokerSettings
 from broker.store.live import LiveStore
@@ -178,6 +178,11 @@ async def index(_request: web.Request) -> web.StreamResponse:
     return web.FileResponse(page)
 
 
+async def admin_page(_request: web.Request) -> web.StreamResponse:
+    """``/admin`` (what people type) reaches the dashboard page."""
+    raise web.HTTPFound("/web/admin.html")
+
+
 def create_app(settings: BrokerSettings, *, clock: Clock = wall_clock_ms) -> web.Application:
     """Build a broker application; resources start when the app starts."""
     app = web.Application(middlewares=[problem_middleware], client_max_size=settings.max_body_bytes)
@@ -189,6 +194,7 @@ def create_app(settings: BrokerSettings, *, clock: Clock = wall_clock_ms) -> web
     app.router.add_routes(routes)
     app.router.add_routes(plan_routes)
     app.router.add_get("/", index)
+    app.router.add_get("/admin", admin_page)
     if WEB_DIR.is_dir():
         app.router.add_static("/web/", WEB_DIR, show_index=False)
     return app

@@ -29,6 +29,7 @@ import aiohttp
 from aiohttp import web
 
 from broker.embedded import EmbeddedRedis, free_port
+from rbcommon.procs import terminate_group
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -51,16 +52,6 @@ async def _wait(url: str, timeout_s: float = 30) -> None:
 async def _spawn(args: list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(*args, env={**os.environ, **env}, stdout=asyncio.subprocess.DEVNULL,
                                                 stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
-
-
-async def _stop(p: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        p.terminate()
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(p.wait(), 10)
-    if p.returncode is None:
-        p.kill()
-        await p.wait()
 
 
 async def _drive(clients: int, duration_s: float, one: OneCall) -> tuple[int, list[float]]:
@@ -128,7 +119,7 @@ async def bench_broker(redis_url: str, clients: int, duration_s: float) -> tuple
             busy = wall - seat.ended / clients
             return n / busy, lat
         finally:
-            await _stop(proc)
+            await terminate_group(proc)
 
 
 def _bare_app(redis_url: str) -> web.Application:
@@ -173,7 +164,7 @@ async def bench_bare(redis_url: str, clients: int, duration_s: float) -> tuple[f
             n, lat = await _drive(clients, duration_s, Bare())
             return n / (time.perf_counter() - t0), lat
     finally:
-        await _stop(proc)
+        await terminate_group(proc)
 
 
 async def main(argv: Sequence[str]) -> int:

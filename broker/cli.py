@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(settings_table(BrokerSettings, "BROKER_"))
         return 0
     if cmd == "simulate":
-        from broker.simulate import main as simulate_main
+        from broker.autoscale.simulate import main as simulate_main
 
         return simulate_main(rest)
     if cmd == "bench":

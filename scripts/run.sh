@@ -11,4 +11,4 @@ export BROKER_PORT=${BROKER_PORT:-8080}
 export BROKER_ADMIN_TOKEN=${BROKER_ADMIN_TOKEN:-$(.venv/bin/python -c 'import secrets; print(secrets.token_hex(16))')}
 export BROKER_NODE_TOKEN=${BROKER_NODE_TOKEN:-$(.venv/bin/python -c 'import secrets; print(secrets.token_hex(16))')}
 export BROKER_ALLOW_GUESTS=${BROKER_ALLOW_GUESTS:-true}
-exec .venv/bin/python -m streamer.local "$@"
+exec .venv/bin/python -m streamer.node.local "$@"

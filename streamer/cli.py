@@ -16,7 +16,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from encoder.cli import main as encoders_main
 
         return encoders_main(argv[1:])
-    from streamer.settings import load
+    from streamer.node.settings import load
 
     settings = load(argv, os.environ)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -27,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _run(settings: object) -> int:
-    from streamer.agent import NodeAgent
+    from streamer.node.agent import NodeAgent
 
     agent = NodeAgent(settings)  # type: ignore[arg-type]
     loop = asyncio.get_running_loop()

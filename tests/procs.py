@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from broker.embedded import free_port
+from rbcommon.procs import terminate_group
 
 
 @dataclass
@@ -53,13 +53,5 @@ async def broker_process(env: dict[str, str], log_path: str) -> AsyncIterator[Pr
 
 
 async def stop_process(proc: asyncio.subprocess.Process, timeout_s: float = 10.0) -> None:
-    if proc.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        await asyncio.wait_for(proc.wait(), timeout_s)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
+    """Stop a child started with ``start_new_session=True`` and everything in its process group."""
+    await terminate_group(proc, timeout_s)

@@ -169,8 +169,8 @@ function poolCard(p) {
     el("header", {}, el("h3", {}, p.name), el("span", { class: `kind ${p.kind}` }, p.kind)),
     el("p", {}, p.description || (game ? "Game streaming at 60 fps" : "Virtual desktop")),
     el("div", { class: "facts" },
-      el("div", {}, el("b", {}, String(p.seats_free)), el("span", {}, "seats free")),
-      el("div", {}, el("b", {}, String(p.seats_total)), el("span", {}, "seats")),
+      el("div", {}, el("b", {}, String(p.seats_free)), el("span", {}, p.seats_free === 1 ? "seat free" : "seats free")),
+      el("div", {}, el("b", {}, String(p.seats_total)), el("span", {}, p.seats_total === 1 ? "seat" : "seats")),
       el("div", {}, el("b", {}, String(p.queue_length)), el("span", {}, "in queue"))),
     el("button", { class: "primary", "aria-label": `Start a session in ${p.name}`, onclick: (e) => startSession(p, e.currentTarget) },
       p.seats_free <= 0 ? "Join the queue" : game ? "Play" : "Start desktop"));

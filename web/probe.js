@@ -1,4 +1,4 @@
-// Answers to the render node's delay probes (its bitrate control: streamer/probe.py).
+// Answers to the render node's delay probes (its bitrate control: streamer/media/probe.py).
 //
 // The node sends {"t":"probe","id":n} every 25 ms on the PROBE_CHANNEL_LABEL channel; we answer
 // at once with {"t":"pa","id":n,"rx":packets,"rx_ms":ms,"fd":frames}: the video RTP packets

@@ -1,4 +1,4 @@
-// Frame stamps: the render node's built-in game renderer (streamer/game.py) draws, in a top strip
+// Frame stamps: the render node's built-in game renderer (streamer/desktop/game.py) draws, in a top strip
 // of big black/white cells, each frame's number and its render time (ms since the epoch) with a CRC.
 // Reading it back from the displayed frame gives glass-to-glass latency: display time - render time
 // (meaningful when the node's clock and this machine's clock agree, e.g. NTP or the same host).

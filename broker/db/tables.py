@@ -90,7 +90,7 @@ autoscale_decisions = Table(
     Column("kind", String(32), nullable=False),  # start_hosts, drain, undrain, stop_host, ...
     Column("host", String(63)),
     Column("count", Integer),
-    Column("reason", String(64), nullable=False),  # broker.autoscale.Reason code
+    Column("reason", String(64), nullable=False),  # broker.autoscale.policy.Reason code
     Column("detail", JSON),  # {"detail": human text, "outcome": applied|lost_race|failed, ...}
     Index("ix_autoscale_decisions_pool_id", "pool", "id"),
 )

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 
-from broker.autoscale import StartHosts, StopHost
+from broker.autoscale.policy import StartHosts, StopHost
+from broker.autoscale.providers import HostProvider
+from broker.autoscale.scaler import Outcome, Scaler
 from broker.keys_app import BROKER
-from broker.providers import HostProvider
-from broker.scaler import Outcome, Scaler
 from broker.store.keys import RETIRED_HOST_TTL_S
-from streamer.agent import NodeAgent
-from streamer.settings import NodeSettings
+from streamer.node.agent import NodeAgent
+from streamer.node.settings import NodeSettings
 from tests.conftest import ADMIN, NODE, auth, gpu, setup_pool, user_token
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from broker.settings import BrokerSettings
-from streamer.settings import NodeSettings
+from streamer.node.settings import NodeSettings
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is not installed")
 INFRA = Path(__file__).resolve().parents[2] / "infra"

@@ -5,7 +5,7 @@ data channel and a recvonly video transceiver, and exchanges signaling
 messages with a ``SessionRuntime`` through ``handle_signal`` (aiortc puts all
 candidates in the SDP, so offer/answer is the whole exchange).  It never uses
 a public STUN server (``iceServers=[]``) and offers 127.0.0.1 through
-``streamer.peer.advertise_host_addresses``, so it works on a loopback-only
+``streamer.media.peer.advertise_host_addresses``, so it works on a loopback-only
 machine too.
 
 Decoded frames are kept as ``Received`` records (the newest ``KEEP_IMAGES``
@@ -38,7 +38,7 @@ from aiortc import (
 from aiortc.mediastreams import MediaStreamError
 
 from broker.protocol import INPUT_CHANNEL_LABEL, PROBE_CHANNEL_LABEL, InputType, NodeEventType
-from streamer.peer import advertise_host_addresses
+from streamer.media.peer import advertise_host_addresses
 
 DEADLINE_S = 15.0  # generous bound for things that normally take well under a second
 KEEP_IMAGES = 30  # newest decoded frames kept as BGR arrays
@@ -158,7 +158,7 @@ def answer_probes(
 ) -> RTCDataChannel:
     """Open ``pc``'s probe channel and answer each node ``probe`` with the packets ``receiver`` got.
 
-    The aiortc twin of the web client's answer (``streamer.probe``): unordered, no
+    The aiortc twin of the web client's answer (``streamer.media.probe``): unordered, no
     retransmissions; ``rx`` is the RTP packets ``receiver`` got, ``rx_ms`` this process's
     monotonic clock when it was read.  aiortc's ``getStats`` cannot give that count: it files
     the video SSRC and the retransmission (RTX) SSRC under one inbound-rtp id, so once a

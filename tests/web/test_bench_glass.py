@@ -41,7 +41,7 @@ def test_bench_glass_quick(capsys: pytest.CaptureFixture[str]) -> None:
     except ImportError:
         pytest.skip("the playwright package is not installed")
     try:
-        import streamer.agent  # noqa: F401
+        import streamer.node.agent  # noqa: F401
     except ImportError as exc:
         pytest.skip(f"the render-node agent is not importable: {exc}")
 

@@ -101,8 +101,8 @@ def test_chart_downsampling_keeps_peaks_and_order() -> None:
 
 
 def test_frame_stamp_matches_the_game_renderer() -> None:
-    """web/stamp.js reads the stamps streamer/game.py draws (same bits, CRC and layout)."""
-    game = pytest.importorskip("streamer.game")
+    """web/stamp.js reads the stamps streamer/desktop/game.py draws (same bits, CRC and layout)."""
+    game = pytest.importorskip("streamer.desktop.game")
     frame_no, ts_ms = 123_456, 1_796_238_000_123
     bits = [int(v > 0) for v in game.stamp_bits(frame_no, ts_ms).flatten()]
     flipped = list(bits)

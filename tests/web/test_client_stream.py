@@ -35,7 +35,7 @@ def _skip_reason() -> str | None:
         if shutil.which(tool) is None:
             return f"{tool} is not installed (the render node's desktop needs it)"
     try:
-        import streamer.agent  # noqa: F401
+        import streamer.node.agent  # noqa: F401
     except ImportError as exc:
         return f"the render-node agent is not importable: {exc}"
     return None
@@ -152,7 +152,7 @@ async def test_game_stream_glass_to_glass_and_keys_move_player(broker: Proc, htt
                                                                 tmp_path) -> None:
     """A game session: 60 fps profile, glass-to-glass read from frame stamps, arrow keys steer the player."""
     try:
-        import streamer.agent  # noqa: F401
+        import streamer.node.agent  # noqa: F401
     except ImportError as exc:
         pytest.skip(f"the render-node agent is not importable: {exc}")
     base, api = broker.url, f"{broker.url}/api/v1"

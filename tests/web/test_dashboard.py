@@ -14,9 +14,9 @@ from datetime import datetime
 import aiohttp
 import pytest
 
+from broker.autoscale.plans import DEFAULT_PLAN
 from broker.db.engine import create_engine
 from broker.db.repository import Repository
-from broker.plans import DEFAULT_PLAN
 from tests.conftest import ADMIN, NODE
 from tests.procs import Proc
 from tests.web.conftest import call, page_errors, screenshot, user_token

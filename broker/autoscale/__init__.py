@@ -1,0 +1,1 @@
+"""Autoscaling: scaling plans, the pure scaling policy, the scaler loop, host providers, the simulator."""

@@ -1,0 +1,113 @@
+"""The OpenAPI 3.1 document, built from the live route table and the request schemas.
+
+Every route the app serves appears (a test checks none is missing); request
+bodies come from the same ``broker.validate`` schemas the handlers enforce.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from broker.autoscale.plans import PLAN_SCHEMA
+from broker.autoscale.scaler import SIMULATE_SCHEMA
+from broker.models import (
+    HEARTBEAT_SCHEMA,
+    HOST_SCHEMA,
+    POOL_SCHEMA,
+    SESSION_SCHEMA,
+    SESSION_STATE_SCHEMA,
+    TOKEN_SCHEMA,
+)
+from broker.protocol import API_PREFIX, all_constants
+from broker.validate import Schema, to_json_schema
+
+A = API_PREFIX
+# (method, path) -> (summary, roles, body schema or None)
+DOCS: dict[tuple[str, str], tuple[str, str, Schema | None]] = {
+    ("POST", f"{A}/tokens"): ("Mint a user token (HMAC-signed, expiring)", "admin", TOKEN_SCHEMA),
+    ("POST", f"{A}/guest"): ("Mint a short guest token when the broker allows guests", "none", None),
+    ("GET", f"{A}/whoami"): ("The caller's role and name", "any", None),
+    ("GET", f"{A}/pools"): ("Pools with live seats used/free and queue length", "any", None),
+    ("GET", f"{A}/pools/{{name}}"): ("One pool with live seats and queue", "any", None),
+    ("PUT", f"{A}/pools/{{name}}"): ("Create or replace a pool", "admin", POOL_SCHEMA),
+    ("DELETE", f"{A}/pools/{{name}}"): ("Delete an empty pool", "admin", None),
+    ("GET", f"{A}/pools/{{name}}/samples"): ("Utilization samples (?hours=24)", "admin", None),
+    ("PUT", f"{A}/pools/{{name}}/plan"): ("Set the pool's scaling plan (turns autoscaling on; audited)", "admin",
+                                         PLAN_SCHEMA),
+    ("GET", f"{A}/pools/{{name}}/plan"): ("The pool's scaling plan and its current phase", "admin", None),
+    ("DELETE", f"{A}/pools/{{name}}/plan"): ("Remove the plan: autoscaling off, autoscaler-drained hosts undrained",
+                                            "admin", None),
+    ("GET", f"{A}/pools/{{name}}/autoscale"): ("Autoscaler phase, state and latest decisions with reasons (?limit)",
+                                              "admin", None),
+    ("POST", f"{A}/pools/{{name}}/simulate"): ("Simulate always-on vs plan vs recommended plan (history or "
+                                              "synthetic demand)", "admin", SIMULATE_SCHEMA),
+    ("GET", f"{A}/pools/{{name}}/recommendation"): ("The latest pool-sizing recommendation", "admin", None),
+    ("POST", f"{A}/hosts"): ("Register a render node and its GPUs", "node", HOST_SCHEMA),
+    ("GET", f"{A}/hosts"): ("Hosts with GPU telemetry (?pool=)", "admin, node", None),
+    ("GET", f"{A}/hosts/{{id}}"): ("One host", "admin, node", None),
+    ("PUT", f"{A}/hosts/{{id}}/heartbeat"): ("Renew the host lease; report telemetry and sessions", "node",
+                                             HEARTBEAT_SCHEMA),
+    ("POST", f"{A}/hosts/{{id}}/drain"): ("Stop placing new sessions on the host", "admin", None),
+    ("POST", f"{A}/hosts/{{id}}/undrain"): ("Place sessions on the host again", "admin", None),
+    ("DELETE", f"{A}/hosts/{{id}}"): ("Deregister a host (?force=true ends its sessions)", "admin, node", None),
+    ("PUT", f"{A}/hosts/{{id}}/sessions/{{sid}}/state"): ("Node reports a session running/disconnected/ended",
+                                                          "node", SESSION_STATE_SCHEMA),
+    ("GET", f"{A}/hosts/{{id}}/commands"): ("WebSocket: commands for the node (start/stop/warn/signal)", "node",
+                                            None),
+    ("POST", f"{A}/sessions"): ("Request a session: seated (201), queued (201) or your live one (200)", "user",
+                                SESSION_SCHEMA),
+    ("GET", f"{A}/sessions"): ("Live sessions (a user sees their own)", "user, admin", None),
+    ("GET", f"{A}/sessions/history"): ("Ended sessions from SQL", "user, admin", None),
+    ("GET", f"{A}/sessions/{{sid}}"): ("One session with queue position or signaling details", "owner, admin",
+                                       None),
+    ("DELETE", f"{A}/sessions/{{sid}}"): ("End or cancel a session", "owner, admin", None),
+    ("GET", f"{A}/sessions/{{sid}}/events"): ("Server-Sent Events: state and queue position changes",
+                                              "owner, admin", None),
+    ("GET", f"{A}/sessions/{{sid}}/signal"): ("WebSocket: WebRTC signaling relayed to the session's node",
+                                              "owner", None),
+    ("GET", f"{A}/audit"): ("Audit log, newest first (?limit, ?before_id, ?action)", "admin", None),
+    ("GET", f"{A}/openapi.json"): ("This document", "none", None),
+    ("GET", "/healthz"): ("Process is alive", "none", None),
+    ("GET", "/readyz"): ("Redis and SQL reachable", "none", None),
+    ("GET", "/metrics"): ("Prometheus metrics", "none", None),
+}
+
+PROBLEM = {"type": "object", "properties": {
+    "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
+    "code": {"type": "string"}, "detail": {"type": "string"}, "field": {"type": "string"}}}
+
+
+def openapi_document(router: web.UrlDispatcher) -> dict[str, Any]:
+    paths: dict[str, dict[str, Any]] = {}
+    for route in router.routes():
+        info = route.resource.get_info() if route.resource else {}
+        path = info.get("path") or info.get("formatter")
+        if not path or route.method in ("HEAD", "*") or not (path.startswith("/api/") or path in
+                                                              ("/healthz", "/readyz", "/metrics")):
+            continue
+        summary, roles, schema = DOCS.get((route.method, path), ("", "", None))
+        op: dict[str, Any] = {
+            "summary": summary, "description": f"Authorization: {roles}",
+            "responses": {"default": {"description": "Problem", "content": {
+                "application/problem+json": {"schema": PROBLEM}}}, "200": {"description": "OK"}},
+        }
+        params = [p.strip("{}") for p in path.split("/") if p.startswith("{")]
+        if params:
+            op["parameters"] = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+                                for p in params]
+        if schema is not None:
+            op["requestBody"] = {"required": True, "content": {"application/json": {
+                "schema": to_json_schema(schema)}}}
+        if roles not in ("none", ""):
+            op["security"] = [{"bearer": []}]
+        paths.setdefault(path, {})[route.method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "render-broker", "version": "1",
+                 "description": "GPU render session broker. Constants: see x-constants."},
+        "paths": dict(sorted(paths.items())),
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "x-constants": all_constants(),
+    }

@@ -1,0 +1,1 @@
+"""Adaptive bitrate: the pure bitrate controller, the quality ladder, the control loop."""

@@ -1,0 +1,320 @@
+"""A built-in game-like renderer whose frames carry a machine-readable stamp.
+
+Job: produce BGRA frames (numpy ``H x W x 4`` uint8) of a moving scene that
+reacts to input, for the ``game`` pool kind, for tests and for latency probes.
+Every frame carries, in a top strip of big black/white cells, its frame number
+(32 bits) and the render clock (48 bits of ms since the epoch) protected by a
+CRC; ``read_stamp`` reads them back from a decoded frame (BGR, BGRA or a luma
+plane such as the top of a ``yuv420p`` array).  The player is a square of a
+colour nothing else in the scene uses, so ``find_player`` locates it in a
+decoded frame.
+
+Layout (all relative to the frame *width*, so a stamp survives scaling by the
+encoder ladder): ``STAMP_COLUMNS`` cells per row, square cells of
+``width / STAMP_COLUMNS`` pixels (16 px at 640 wide), ``STAMP_ROWS`` rows.
+Bits, row-major, MSB first: sync (8) | frame number (32) | ts_ms (48) |
+crc16 (16) | tail (16).  White = 1.
+
+Concurrency model: ``Game`` is a plain object owned by one thread (the
+session's frame thread); ``apply`` and ``render`` must not run concurrently.
+``render`` returns the game's own buffer, which is overwritten by the next
+``render``: copy it (``av.VideoFrame.from_ndarray`` does) before rendering again.
+
+Invariants: ``render`` never reads a clock (time comes in as ``now_ms``), never
+loops over pixels in Python, and reuses its buffers; the strip holds only pure
+black and white; the player colour (pure green) appears nowhere else.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from streamer.desktop.inputs import Gamepad, InputEvent, Key
+
+STAMP_COLUMNS: Final = 40  # cells per row: 16 px cells at 640 px wide
+STAMP_ROWS: Final = 3
+STAMP_SYNC: Final = 0b1011_0001  # 8 bits
+STAMP_TAIL: Final = 0x5AC3  # 16 bits
+FRAME_NO_BITS: Final = 32
+TS_BITS: Final = 48
+_STAMP_BITS: Final = 8 + FRAME_NO_BITS + TS_BITS + 16 + 16  # == STAMP_COLUMNS * STAMP_ROWS
+
+PLAYER_BGR: Final = (0, 255, 0)  # pure green: unique in the scene
+PLAYER_SPEED_PER_S: Final = 0.6  # play-area heights per second at full deflection
+GAMEPAD_DEADZONE: Final = 0.2  # stick travel (0..1) ignored around the centre
+MAX_STEP_MS: Final = 100  # a longer gap between renders moves the player at most this much
+_ENEMY_COUNT: Final = 3
+_BACKGROUND_PERIOD_PX: Final = 128  # horizontal repeat of the scrolling background
+_BACKGROUND_SPEED_PX_PER_S: Final = 96.0
+
+Image = npt.NDArray[np.uint8]
+
+
+# A BGRA pixel read as one little-endian uint32 is 0xAARRGGBB on any host.
+_PIXEL_DTYPE: Final = np.dtype("<u4")
+
+
+def _pixel(b: int, g: int, r: int) -> np.uint32:
+    """An opaque BGRA pixel as one uint32 of ``_PIXEL_DTYPE``."""
+    return np.uint32(0xFF000000 | (r << 16) | (g << 8) | b)
+
+
+_PLAYER_PIXEL: Final = _pixel(*PLAYER_BGR)
+_ENEMY_PIXEL: Final = _pixel(40, 40, 220)
+_WHITE_PIXEL: Final = _pixel(255, 255, 255)
+_BLACK_PIXEL: Final = _pixel(0, 0, 0)
+
+# Directions per KeyboardEvent.code: (dx, dy) in -1..1.
+_KEY_DIRECTIONS: Final = {
+    "ArrowLeft": (-1, 0),
+    "KeyA": (-1, 0),
+    "ArrowRight": (1, 0),
+    "KeyD": (1, 0),
+    "ArrowUp": (0, -1),
+    "KeyW": (0, -1),
+    "ArrowDown": (0, 1),
+    "KeyS": (0, 1),
+}
+# Standard gamepad mapping (W3C Gamepad API): d-pad buttons 12 up, 13 down, 14 left, 15 right.
+_DPAD_UP, _DPAD_DOWN, _DPAD_LEFT, _DPAD_RIGHT = 12, 13, 14, 15
+
+
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """What a frame says about itself: its number and the render clock (ms since the epoch)."""
+
+    frame_no: int
+    ts_ms: int
+
+
+def stamp_height(width: int) -> int:
+    """Height in pixels of the stamp strip for a frame ``width`` pixels wide."""
+    return round(STAMP_ROWS * width / STAMP_COLUMNS)
+
+
+def _crc16(frame_no: int, ts_ms: int) -> int:
+    payload = frame_no.to_bytes(4, "big") + ts_ms.to_bytes(6, "big")
+    return zlib.crc32(payload) & 0xFFFF
+
+
+def stamp_bits(frame_no: int, ts_ms: int) -> Image:
+    """The ``STAMP_ROWS x STAMP_COLUMNS`` cell values (0 or 255) for one stamp."""
+    frame_no &= (1 << FRAME_NO_BITS) - 1
+    ts_ms &= (1 << TS_BITS) - 1
+    word = STAMP_SYNC
+    for value, bits in ((frame_no, FRAME_NO_BITS), (ts_ms, TS_BITS), (_crc16(frame_no, ts_ms), 16)):
+        word = (word << bits) | value
+    word = (word << 16) | STAMP_TAIL
+    raw = np.frombuffer(word.to_bytes(_STAMP_BITS // 8, "big"), dtype=np.uint8)
+    return (np.unpackbits(raw) * 255).astype(np.uint8).reshape(STAMP_ROWS, STAMP_COLUMNS)
+
+
+def _cell_edges(width: int) -> npt.NDArray[np.int64]:
+    """Pixel edges of the cells: cell ``i`` spans ``[edges[i], edges[i + 1])``."""
+    count = max(STAMP_COLUMNS, STAMP_ROWS) + 1
+    return np.round(np.arange(count) * (width / STAMP_COLUMNS)).astype(np.int64)
+
+
+def _cell_index_maps(width: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """Row and column cell index of every pixel of the strip (for one fancy-index fill)."""
+    edges = _cell_edges(width)
+    cols = np.searchsorted(edges[1 : STAMP_COLUMNS + 1], np.arange(width), side="right")
+    rows = np.searchsorted(edges[1 : STAMP_ROWS + 1], np.arange(stamp_height(width)), side="right")
+    return rows.astype(np.intp), cols.astype(np.intp)
+
+
+def read_stamp(image: npt.NDArray[np.generic]) -> Stamp | None:
+    """Read the stamp from a decoded frame; None if there is none or it is damaged.
+
+    ``image`` is ``H x W x 3|4`` (BGR/BGRA/RGB: the cells are grey so channel
+    order does not matter) or ``H' x W`` whose top ``stamp_height(W)`` rows are
+    luma (a grey image, or ``VideoFrame.to_ndarray()`` of a ``yuv420p`` frame).
+    Each cell is judged by the mean of its central half, so blurred edges and
+    ringing from lossy compression do not flip bits.
+    """
+    if image.ndim not in (2, 3) or image.shape[1] < STAMP_COLUMNS:
+        return None
+    width = int(image.shape[1])
+    strip_h = stamp_height(width)
+    if image.shape[0] < strip_h:
+        return None
+    edges = _cell_edges(width)
+    bits = np.empty(_STAMP_BITS, dtype=np.uint8)
+    for row in range(STAMP_ROWS):
+        y0, y1 = int(edges[row]), int(edges[row + 1])
+        qy = (y1 - y0) // 4
+        for col in range(STAMP_COLUMNS):
+            x0, x1 = int(edges[col]), int(edges[col + 1])
+            qx = (x1 - x0) // 4
+            cell = image[y0 + qy : y1 - qy, x0 + qx : x1 - qx]
+            if cell.ndim == 3:
+                cell = cell[..., :3]
+            bits[row * STAMP_COLUMNS + col] = cell.mean() >= 128.0
+    word = int.from_bytes(np.packbits(bits).tobytes(), "big")
+    tail = word & 0xFFFF
+    crc = (word >> 16) & 0xFFFF
+    ts_ms = (word >> 32) & ((1 << TS_BITS) - 1)
+    frame_no = (word >> (32 + TS_BITS)) & ((1 << FRAME_NO_BITS) - 1)
+    sync = word >> (32 + TS_BITS + FRAME_NO_BITS)
+    if sync != STAMP_SYNC or tail != STAMP_TAIL or crc != _crc16(frame_no, ts_ms):
+        return None
+    return Stamp(frame_no=frame_no, ts_ms=ts_ms)
+
+
+def find_player(image: npt.NDArray[np.uint8]) -> tuple[float, float] | None:
+    """Centre (x, y) in pixels of the player square in a decoded BGR/BGRA frame, or None.
+
+    Matches strongly green pixels (G high, B and R low), which survive 4:2:0
+    chroma subsampling well enough at the player's size.
+    """
+    if image.ndim != 3 or image.shape[2] < 3:
+        return None
+    b, g, r = image[..., 0], image[..., 1], image[..., 2]
+    mask = (g > 160) & (b < 110) & (r < 110)
+    ys, xs = np.nonzero(mask)
+    if len(xs) < 16:  # fewer pixels than a 4x4 square: noise, not the player
+        return None
+    return float(xs.mean()), float(ys.mean())
+
+
+class Game:
+    """The scene: scrolling background, moving red enemies, a green player, a stamp strip.
+
+    ``render(now_ms)`` advances the player by the time since the previous
+    render (capped at ``MAX_STEP_MS``) and draws frame ``frame_no``.
+    """
+
+    def __init__(self, width: int, height: int) -> None:
+        self._keys_held: set[str] = set()
+        self._pads: dict[int, tuple[float, float]] = {}  # pad index -> (x, y) deflection
+        self._frame_no = 0
+        self._last_ms: int | None = None
+        self._setup(width, height)
+        self._px = (width - self._player_side) / 2.0  # top-left corner, pixels
+        self._py = self._play_top + (self._play_h - self._player_side) / 2.0
+
+    def _setup(self, width: int, height: int) -> None:
+        if width < STAMP_COLUMNS or height <= stamp_height(width) + 16:
+            raise ValueError(f"frame {width}x{height} too small for the stamp strip and a play area")
+        self._width = width
+        self._height = height
+        self._play_top = stamp_height(width)
+        self._play_h = height - self._play_top
+        self._player_side = max(16, self._play_h // 10)
+        self._enemy_side = max(12, self._play_h // 14)
+        self._buf: Image = np.empty((height, width, 4), dtype=np.uint8)
+        # One uint32 per BGRA pixel: a whole-pixel fill is one store, not four.
+        self._pixels: npt.NDArray[np.uint32] = self._buf.view(_PIXEL_DTYPE).reshape(height, width)
+        self._rows, self._cols = _cell_index_maps(width)
+        self._background = self._make_background(width + _BACKGROUND_PERIOD_PX, self._play_h)
+
+    @staticmethod
+    def _make_background(width: int, height: int) -> npt.NDArray[np.uint32]:
+        """Dark, low-saturation diagonal bands (no green dominance, no pure black or white)."""
+        x = np.arange(width, dtype=np.float32)[None, :]
+        y = np.arange(height, dtype=np.float32)[:, None]
+        phase = (x + y) * (2.0 * math.pi / _BACKGROUND_PERIOD_PX)
+        wave = 0.5 + 0.5 * np.sin(phase)  # 0..1
+        shade = 0.35 + 0.65 * (y / max(height - 1, 1))  # darker at the top
+        tex = np.empty((height, width, 4), dtype=np.uint8)
+        tex[..., 0] = (60 + 60 * wave * shade).astype(np.uint8)  # blue 60..120
+        tex[..., 1] = (40 + 25 * wave).astype(np.uint8)  # green 40..65
+        tex[..., 2] = (35 + 35 * shade).astype(np.uint8)  # red 35..70
+        tex[..., 3] = 255
+        return tex.view(_PIXEL_DTYPE).reshape(height, width)
+
+    @property
+    def width(self) -> int:
+        return self._width
+
+    @property
+    def height(self) -> int:
+        return self._height
+
+    @property
+    def frame_no(self) -> int:
+        """The number the next ``render`` stamps."""
+        return self._frame_no
+
+    def resize(self, width: int, height: int) -> None:
+        """Change the frame size, keeping the player at the same relative position."""
+        rel_x = self._px / max(self._width - self._player_side, 1)
+        rel_y = (self._py - self._play_top) / max(self._play_h - self._player_side, 1)
+        self._setup(width, height)
+        self._px = rel_x * (width - self._player_side)
+        self._py = self._play_top + rel_y * (self._play_h - self._player_side)
+
+    def apply(self, event: InputEvent) -> None:
+        """Take one validated input event; events that do not steer the game are ignored."""
+        if isinstance(event, Key):
+            if event.code in _KEY_DIRECTIONS:
+                if event.down:
+                    self._keys_held.add(event.code)
+                else:
+                    self._keys_held.discard(event.code)
+        elif isinstance(event, Gamepad):
+            ax = event.axes[0] if len(event.axes) > 0 else 0.0
+            ay = event.axes[1] if len(event.axes) > 1 else 0.0
+            ax = ax if abs(ax) >= GAMEPAD_DEADZONE else 0.0
+            ay = ay if abs(ay) >= GAMEPAD_DEADZONE else 0.0
+            bt = event.buttons
+            if len(bt) > _DPAD_RIGHT:
+                ax += bt[_DPAD_RIGHT] - bt[_DPAD_LEFT]
+                ay += bt[_DPAD_DOWN] - bt[_DPAD_UP]
+            self._pads[event.index] = (ax, ay)
+
+    def release_all(self) -> None:
+        """Forget held keys and pad deflections (the viewer left or lost focus)."""
+        self._keys_held.clear()
+        self._pads.clear()
+
+    def _direction(self) -> tuple[float, float]:
+        dx = float(sum(_KEY_DIRECTIONS[c][0] for c in self._keys_held))
+        dy = float(sum(_KEY_DIRECTIONS[c][1] for c in self._keys_held))
+        for px, py in self._pads.values():
+            dx += px
+            dy += py
+        return max(-1.0, min(1.0, dx)), max(-1.0, min(1.0, dy))
+
+    def player_position(self) -> tuple[float, float]:
+        """Centre (x, y) of the player square in pixels of this game's frame."""
+        half = self._player_side / 2.0
+        return self._px + half, self._py + half
+
+    def _step(self, now_ms: int) -> None:
+        step_ms = 0 if self._last_ms is None else min(max(now_ms - self._last_ms, 0), MAX_STEP_MS)
+        self._last_ms = now_ms
+        dx, dy = self._direction()
+        speed = PLAYER_SPEED_PER_S * self._play_h * step_ms / 1000.0  # pixels this step
+        side = self._player_side
+        self._px = min(max(self._px + dx * speed, 0.0), float(self._width - side))
+        self._py = min(max(self._py + dy * speed, float(self._play_top)), float(self._height - side))
+
+    def render(self, now_ms: int) -> Image:
+        """Advance to ``now_ms`` (ms since the epoch) and draw the next frame.
+
+        Returns the game's own ``H x W x 4`` BGRA buffer, valid until the next call.
+        """
+        self._step(now_ms)
+        pixels, top, w = self._pixels, self._play_top, self._width
+        offset = int(now_ms * _BACKGROUND_SPEED_PX_PER_S / 1000.0) % _BACKGROUND_PERIOD_PX
+        pixels[top:] = self._background[:, offset : offset + w]
+        # Enemies: red squares on fixed Lissajous paths, a function of the clock only.
+        side = self._enemy_side
+        t = now_ms / 1000.0
+        for i in range(_ENEMY_COUNT):
+            ex = int((0.5 + 0.45 * math.sin(t * (0.7 + 0.3 * i) + i * 2.1)) * (w - side))
+            ey = top + int((0.5 + 0.45 * math.cos(t * (0.5 + 0.2 * i) + i)) * (self._play_h - side))
+            pixels[ey : ey + side, ex : ex + side] = _ENEMY_PIXEL
+        x0, y0, ps = round(self._px), round(self._py), self._player_side
+        pixels[y0 : y0 + ps, x0 : x0 + ps] = _PLAYER_PIXEL
+        cells = np.where(stamp_bits(self._frame_no, now_ms) != 0, _WHITE_PIXEL, _BLACK_PIXEL)
+        pixels[:top] = cells[self._rows[:, None], self._cols[None, :]]
+        self._frame_no = (self._frame_no + 1) & ((1 << FRAME_NO_BITS) - 1)
+        return self._buf

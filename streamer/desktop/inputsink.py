@@ -1,0 +1,192 @@
+"""Where a viewer's input goes: parse, count, answer pings, and inject into the display or the game.
+
+Job: ``InputRouter`` takes each raw data-channel message, parses it with
+``streamer.desktop.inputs.parse_input`` (malformed messages are counted and
+dropped), answers pings at once and hands user input to the session's
+``InputSink``: ``XInputSink`` for X displays (XTEST through
+``streamer.desktop.xinput.XInjector``), ``GameSource`` for the built-in game.
+
+Concurrency model: ``InputRouter.handle`` runs on the event loop (parsing
+costs microseconds) and never blocks: ``XInputSink`` queues each event to its
+one worker thread (``rb-input-<session>``), which owns the X connection and
+keeps arrival order; ``GameSource`` queues events for the frame thread, which
+owns the ``Game`` and applies them right before it renders the next frame.
+
+Invariants: ``handle`` never raises; pings, probe answers and viewport resizes do not count
+as user activity (``last_input_ms``); events are injected in arrival order;
+``close`` releases held keys and buttons before the X connection goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+import av
+
+from broker.protocol import NodeEventType
+from streamer.desktop.capture import CaptureStats, GameCapture
+from streamer.desktop.game import Game
+from streamer.desktop.inputs import Gamepad, InputCounters, InputError, InputEvent, Ping, ProbeAck, Resize, parse_input
+from streamer.desktop.xinput import XInjector
+
+log = logging.getLogger(__name__)
+
+
+class InputSink(Protocol):
+    """Where validated input goes; called on the event loop, must not block."""
+
+    def submit(self, event: InputEvent) -> None: ...
+
+    def release_all(self) -> None: ...  # the viewer left: release held keys and buttons
+
+
+def wall_clock_ms() -> int:
+    """Milliseconds since the epoch (what ``last_input_ms`` is reported in)."""
+    return time.time_ns() // 1_000_000
+
+
+class InputRouter:
+    """Parses data-channel messages, answers pings, counts everything, forwards input to the sink.
+
+    Lives as long as the session (counters and ``last_input_ms`` survive
+    reconnects).  ``last_input_ms`` (ms since the epoch) moves on user input
+    only: pings, probe answers and viewport resizes are automatic, not activity.
+    """
+
+    def __init__(self, sink: InputSink, clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+        self._sink = sink
+        self._clock_ms = clock_ms
+        self.counters = InputCounters()
+        self.last_input_ms: int | None = None
+
+    def handle(self, raw: str | bytes, reply: Callable[[dict[str, Any]], object]) -> None:
+        """One message from the viewer.  Never raises."""
+        result = parse_input(raw)
+        self.counters.record(result)
+        if isinstance(result, InputError):
+            log.debug("input dropped (%s): %s", result.reason, result.detail)
+            return
+        if isinstance(result, Ping):
+            ts: float | int = int(result.ts_ms) if result.ts_ms.is_integer() else result.ts_ms
+            reply({"t": NodeEventType.PONG.value, "id": result.id, "ts": ts})
+            return
+        if isinstance(result, Resize):
+            return  # counted; the runtime streams at the session's size
+        if isinstance(result, ProbeAck):
+            return  # counted; probe answers belong on the probe channel (streamer.media.peer), not activity
+        self.last_input_ms = self._clock_ms()
+        try:
+            self._sink.submit(result)
+        except Exception:  # a sink bug must not kill the data channel handler
+            log.exception("input sink failed on %s", result)
+
+    def release_all(self) -> None:
+        try:
+            self._sink.release_all()
+        except Exception:
+            log.exception("input sink failed to release held input")
+
+    @property
+    def accepted(self) -> int:
+        return sum(self.counters.accepted.values())
+
+    @property
+    def dropped(self) -> int:
+        return sum(self.counters.dropped.values())
+
+
+class GameSource:
+    """The built-in game as a ``FrameSource`` and an ``InputSink``.
+
+    ``Game`` belongs to the frame thread: input events wait in a queue and are
+    applied there, right before the next render.
+    """
+
+    backend = "game"
+
+    def __init__(self, game: Game, clock_ms: Callable[[], int]) -> None:
+        self._game = game
+        self._capture = GameCapture(game, clock_ms)
+        self.width, self.height = game.width, game.height
+        self._events: queue.SimpleQueue[InputEvent | None] = queue.SimpleQueue()  # None: release all
+
+    def submit(self, event: InputEvent) -> None:
+        self._events.put(event)
+
+    def release_all(self) -> None:
+        self._events.put(None)
+
+    def grab(self) -> av.VideoFrame:
+        while True:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                break
+            if event is None:
+                self._game.release_all()
+            else:
+                self._game.apply(event)
+        return self._capture.grab()
+
+    def stats(self) -> CaptureStats:
+        return self._capture.stats()
+
+    def close(self) -> None:
+        self._capture.close()
+
+
+class XInputSink:
+    """Desktop input: XTEST injection on one dedicated thread, in arrival order, off the event loop."""
+
+    def __init__(self, injector: XInjector, executor: ThreadPoolExecutor) -> None:
+        self._injector = injector
+        self._executor = executor
+        self._closed = False
+        self.skipped = 0  # events with no X meaning (gamepads: no virtual pad device here)
+
+    @classmethod
+    async def open(cls, display_name: str, thread_name: str) -> XInputSink:
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
+        try:
+            injector = await asyncio.wrap_future(executor.submit(XInjector, display_name))
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        return cls(injector, executor)
+
+    def submit(self, event: InputEvent) -> None:
+        if isinstance(event, Gamepad):
+            self.skipped += 1
+            return
+        self._run(self._inject, event)
+
+    def release_all(self) -> None:
+        self._run(self._injector.release_all)
+
+    def _run(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._closed:
+            return
+        try:
+            self._executor.submit(fn, *args)
+        except RuntimeError:  # shut down between the check and the submit
+            pass
+
+    def _inject(self, event: InputEvent) -> None:
+        try:
+            self._injector.inject(event)
+        except Exception as exc:  # X errors must not kill the input thread
+            log.warning("input injection failed for %s: %r", type(event).__name__, exc)
+
+    def close(self) -> None:
+        """Release held input, close the X connection, join the thread.  Blocking; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._executor.submit(self._injector.close)
+        self._executor.shutdown(wait=True)

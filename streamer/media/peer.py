@@ -1,0 +1,612 @@
+"""One viewer's WebRTC connection: video out, input in, feedback back.
+
+Job: build an ``RTCPeerConnection`` with only the configured ICE servers,
+answer the viewer's offer with the codec the session encodes, offer exactly
+the configured host addresses, hand data-channel messages to the session's
+``streamer.desktop.inputsink.InputRouter``, send node events back, and collect the
+viewer's RTCP feedback (PLI/FIR, REMB, receiver reports) for the session's
+bitrate controller.
+
+The viewer is the offerer: it creates the ``broker.protocol.INPUT_CHANNEL_LABEL``
+data channel and a recvonly video transceiver; we answer.  A viewer may also
+open ``PROBE_CHANNEL_LABEL`` (unordered, no retransmissions): the peer then
+sends a delay probe every ``streamer.media.probe.PROBE_INTERVAL_MS`` and hands the
+period's round-trip times and the viewer's receive rate to the controller
+with the RTCP feedback.
+
+aiortc seams used (aiortc 1.16 / aioice 0.13, no vendored copies):
+- Feedback: ``RTCDtlsTransport`` hands every RTCP packet addressed to a sender
+  to ``sender._handle_rtcp_packet(packet)`` (its router picks senders by SSRC,
+  REMB by the SSRCs in its FCI).  With a track that yields ``av.Packet``s,
+  aiortc's own handling goes nowhere useful: PLI/FIR set a flag its encoder
+  would read, REMB is written into its (unused) encoder's ``target_bitrate``.
+  ``FeedbackSender`` subclasses ``RTCRtpSender`` and overrides only that
+  method: it lets aiortc do its work (RTT estimate, stats, NACK
+  retransmission), then reports PLI/FIR, REMB and receiver reports to a
+  ``FeedbackSink``.  ``RTCPeerConnection`` constructs its senders itself (no
+  factory seam), so ``FeedbackSender.adopt`` re-classes the sender it made;
+  the subclass adds two attributes and no ``__init__`` state.  It also
+  overrides ``_retransmit(seq)`` (aiortc calls it for each NACKed sequence
+  number) to ask a ``streamer.media.rtx.RetransmitLimiter`` first.
+- Retransmission history: aiortc's sender keeps the last ``RTP_HISTORY_SIZE``
+  packets (128: 0.18 s at 7 Mbps) to answer NACKs from; a packet lost twice
+  (its retransmission too) was gone by the second NACK and the viewer's picture
+  froze until a keyframe.  Importing this module raises the sender module's
+  constant to ``RETRANSMIT_HISTORY_PACKETS`` (aiortc reads it on every send and
+  NACK; its receiver has its own copy, untouched).
+- Host candidates: aioice's ``Connection.gather_candidates`` lists interface
+  addresses (skipping 127.0.0.1) and passes them to its public
+  ``get_component_candidates(component, addresses)``.  ``AdvertisingConnection``
+  overrides that method to bind the configured addresses instead;
+  ``advertise_host_addresses`` adopts every ICE gatherer of a connection
+  before ``setLocalDescription`` gathers.  Reaching the gatherer's connection
+  (``RTCIceGatherer._connection``) is the one private attribute we read.
+- Round-trip time, jitter and loss are read through the public
+  ``RTCRtpSender.getStats()`` (``remote-inbound-rtp``).
+
+Concurrency model: asyncio, one event loop.  aiortc callbacks (data-channel
+messages, state changes, RTCP) run on the loop and never block: the router
+parses in microseconds and queues injection off the loop.
+
+Invariants:
+- never ``RTCPeerConnection()`` without a configuration: aiortc would add
+  Google's public STUN server; only ``spec.ice_servers`` are used;
+- with ``advertise_addresses`` set, the answer's host candidates are exactly
+  those addresses (plus server-reflexive/relay ones from configured servers);
+- RTCP feedback is reported after aiortc has handled the packet itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Protocol, cast
+
+import aiortc.rtcrtpsender as aiortc_sender
+from aioice import Connection
+from aioice.candidate import Candidate
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCIceCandidate,
+    RTCIceServer,
+    RTCPeerConnection,
+    RTCRtpCodecCapability,
+    RTCRtpSender,
+    RTCSessionDescription,
+)
+from aiortc.rtcicetransport import RTCIceGatherer, connection_kwargs
+from aiortc.rtcpeerconnection import find_common_codecs
+from aiortc.rtcrtpparameters import RTCRtpCodecParameters
+from aiortc.rtp import (
+    RTCP_PSFB_APP,
+    RTCP_PSFB_FIR,
+    RTCP_PSFB_PLI,
+    AnyRtcpPacket,
+    RtcpPsfbPacket,
+    RtcpReceiverInfo,
+    RtcpRrPacket,
+    RtcpSrPacket,
+    unpack_remb_fci,
+)
+from aiortc.sdp import SessionDescription, candidate_from_sdp
+
+from broker.protocol import INPUT_CHANNEL_LABEL, PROBE_CHANNEL_LABEL
+from streamer.desktop.inputs import ProbeAck, parse_input
+from streamer.desktop.inputsink import InputRouter
+from streamer.media.probe import PROBE_INTERVAL_MS, ProbeSample, ProbeTracker
+from streamer.media.rtx import RetransmitCounters, RetransmitLimiter
+
+log = logging.getLogger(__name__)
+
+# Packets kept to answer NACKs from: 1.4 s at 7 Mbps, as libwebrtc keeps about a second.
+RETRANSMIT_HISTORY_PACKETS: Final = 1_024
+aiortc_sender.RTP_HISTORY_SIZE = max(aiortc_sender.RTP_HISTORY_SIZE, RETRANSMIT_HISTORY_PACKETS)
+
+# H.264 packetization-mode=1 profiles aiortc offers, in our order of preference:
+# the encoder emits constrained baseline (42e01f), which is also valid baseline (42001f).
+H264_PROFILE_PREFERENCE: Final = ("42e01f", "42001f")
+VIDEO_RECEIVE_DIRECTIONS: Final = frozenset({"recvonly", "sendrecv"})  # offer directions that can take our video
+
+
+class OfferError(ValueError):
+    """The viewer's offer (or candidate) cannot be used; ``code`` is stable, the message says why."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+# --- configuration ----------------------------------------------------------------------
+
+
+def rtc_configuration(ice_servers: Sequence[Mapping[str, Any]]) -> RTCConfiguration:
+    """An ``RTCConfiguration`` with exactly ``ice_servers`` (the broker's list; may be empty).
+
+    Each entry: ``{"urls": str | [str, ...], "username": str?, "credential": str?}``.
+    An empty list means host candidates only; never aiortc's default public STUN.
+    Raises ``ValueError`` for a malformed entry or URL.  aiortc uses the first
+    STUN and the first usable TURN server only (logged when more are given).
+    """
+    servers: list[RTCIceServer] = []
+    for entry in ice_servers:
+        urls = entry.get("urls")
+        if isinstance(urls, str):
+            urls = [urls]
+        if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
+            raise ValueError(f"ICE server needs 'urls' as a string or a list of strings: {entry!r}")
+        username, credential = entry.get("username"), entry.get("credential")
+        if username is not None and not isinstance(username, str):
+            raise ValueError("ICE server 'username' must be a string")
+        if credential is not None and not isinstance(credential, str):
+            raise ValueError("ICE server 'credential' must be a string")
+        servers.append(RTCIceServer(urls=list(urls), username=username, credential=credential))
+    used = connection_kwargs(servers)  # aiortc's own parser: a malformed URL raises ValueError here, not later
+    turn_urls = [u for s in servers for u in s.urls if isinstance(u, str) and u.startswith("turn")]
+    if len(turn_urls) > 1 or (turn_urls and "turn_server" not in used):
+        log.info("aiortc uses one TURN server (udp/tcp, password): %s of %s", used.get("turn_server"), turn_urls)
+    return RTCConfiguration(iceServers=servers)
+
+
+# --- ICE host addresses -------------------------------------------------------------------
+
+
+class AdvertisingConnection(Connection):
+    """An aioice ``Connection`` that binds host candidates on configured addresses only.
+
+    aioice 0.13 gathers on every interface address except 127.0.0.1 and has no
+    option to choose; a node on a loopback-only host, or one that must offer a
+    particular address, needs exactly the addresses it is told.
+    """
+
+    advertise_addresses: tuple[str, ...] = ()
+
+    async def get_component_candidates(
+        self,
+        component: int,
+        addresses: list[str],
+        timeout: int = 5,  # noqa: ASYNC109  # aioice's signature
+    ) -> list[Candidate]:
+        """aioice's own gathering, on ``advertise_addresses`` instead of the interface list."""
+        return await super().get_component_candidates(
+            component=component, addresses=list(self.advertise_addresses), timeout=timeout
+        )
+
+
+def _ice_gatherers(pc: RTCPeerConnection) -> list[RTCIceGatherer]:
+    gatherers: dict[int, RTCIceGatherer] = {}
+    for transceiver in pc.getTransceivers():
+        gatherer = transceiver.receiver.transport.transport.iceGatherer
+        gatherers[id(gatherer)] = gatherer
+    if pc.sctp is not None:
+        gatherer = pc.sctp.transport.transport.iceGatherer
+        gatherers[id(gatherer)] = gatherer
+    return list(gatherers.values())
+
+
+def advertise_host_addresses(pc: RTCPeerConnection, addresses: Sequence[str]) -> int:
+    """Make ``pc`` offer host candidates on exactly ``addresses`` (e.g. ``("127.0.0.1",)``).
+
+    Why: aioice skips 127.0.0.1 when gathering, so on a loopback-only host
+    nothing connects and nothing is raised; and an operator may want to offer
+    one address of a multi-homed node.  Call it after the transceivers (and
+    data channel) exist and before ``setLocalDescription`` (which gathers);
+    for an answerer, after ``setRemoteDescription`` (which creates and
+    bundles transports).  An empty ``addresses`` leaves aioice's default.
+    Returns the number of ICE gatherers adjusted.  Raises ``RuntimeError``
+    if a gatherer has already gathered.
+    """
+    if not addresses:
+        return 0
+    wanted = tuple(dict.fromkeys(addresses))
+    gatherers = _ice_gatherers(pc)
+    for gatherer in gatherers:
+        if gatherer.state != "new":
+            raise RuntimeError(f"ICE gatherer already {gatherer.state}: advertise before setLocalDescription")
+        connection = gatherer._connection  # the one private attribute: aiortc offers no other way in
+        if type(connection) is not Connection and not isinstance(connection, AdvertisingConnection):
+            raise TypeError(f"unexpected ICE connection type {type(connection).__name__}")
+        connection.__class__ = AdvertisingConnection
+        cast(AdvertisingConnection, connection).advertise_addresses = wanted
+    return len(gatherers)
+
+
+# --- codecs --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OfferInfo:
+    """What a viewer's offer says about video and input."""
+
+    video_codecs: frozenset[str]  # WebRTC codec names we can send to it (H264, VP8)
+    has_input_channel: bool  # an application (SCTP) section is present
+
+
+def parse_offer(sdp: str) -> OfferInfo:
+    """Read the codecs the viewer can receive from an offer; ``OfferError`` if we cannot send it video.
+
+    Uses aiortc's own codec matching (``find_common_codecs``), so what we
+    select here is what ``setRemoteDescription`` will accept.
+    """
+    try:
+        description = SessionDescription.parse(sdp)
+    except (ValueError, KeyError, IndexError, AssertionError) as exc:
+        raise OfferError("bad_sdp", f"offer SDP does not parse: {exc!r}") from exc
+    videos = [m for m in description.media if m.kind == "video"]
+    if not videos:
+        raise OfferError("no_video", "the offer has no video section")
+    video = videos[0]
+    if video.direction not in VIDEO_RECEIVE_DIRECTIONS:
+        raise OfferError("no_video", f"the offer's video section is {video.direction}, it cannot receive")
+    local = [_codec_parameters(c) for c in RTCRtpSender.getCapabilities("video").codecs]
+    common = find_common_codecs(local, video.rtp.codecs)
+    names = frozenset(c.name.upper() for c in common if c.name.lower() != "rtx")
+    if not names:
+        offered = sorted({c.name for c in video.rtp.codecs})
+        raise OfferError("no_common_codec", f"the offer's video codecs {offered} are none aiortc can send")
+    return OfferInfo(video_codecs=names, has_input_channel=any(m.kind == "application" for m in description.media))
+
+
+def _codec_parameters(capability: RTCRtpCodecCapability) -> RTCRtpCodecParameters:
+    return RTCRtpCodecParameters(
+        mimeType=capability.mimeType,
+        clockRate=capability.clockRate,
+        parameters=dict(capability.parameters),
+    )
+
+
+def codec_preferences(webrtc_codec: str) -> list[RTCRtpCodecCapability]:
+    """Transceiver codec preferences that make the answer name ``webrtc_codec`` (H264 or VP8) only.
+
+    H.264: packetization-mode 1, constrained baseline 42e01f first, then
+    42001f; VP8 as is; RTX (retransmission on NACK) for the chosen codec.
+    """
+    codec = webrtc_codec.upper()
+    capabilities = RTCRtpSender.getCapabilities("video").codecs
+    chosen: list[RTCRtpCodecCapability] = []
+    if codec == "H264":
+        for profile in H264_PROFILE_PREFERENCE:
+            chosen += [
+                c
+                for c in capabilities
+                if c.name.upper() == "H264"
+                and str(c.parameters.get("profile-level-id", "")).lower() == profile
+                and str(c.parameters.get("packetization-mode", "0")) == "1"
+            ]
+    else:
+        chosen += [c for c in capabilities if c.name.upper() == codec]
+    if not chosen:
+        raise ValueError(f"aiortc cannot send video codec {webrtc_codec!r}")
+    chosen += [c for c in capabilities if c.name.lower() == "rtx"]
+    return chosen
+
+
+def answered_video_codec(sdp: str) -> str | None:
+    """The codec name an SDP's first video section sends with (its first payload type), if any."""
+    for media in SessionDescription.parse(sdp).media:
+        if media.kind == "video" and media.rtp.codecs:
+            return str(media.rtp.codecs[0].name)
+    return None
+
+
+def candidate_from_signal(msg: Mapping[str, Any]) -> RTCIceCandidate | None:
+    """A trickled ``{"type":"candidate",...}`` message as an aiortc ``RTCIceCandidate``; None = end of candidates.
+
+    Raises ``OfferError`` for a malformed candidate.
+    """
+    text = msg.get("candidate")
+    if text is None or text == "":
+        return None
+    if not isinstance(text, str):
+        raise OfferError("bad_candidate", "'candidate' must be a string")
+    if text.startswith("candidate:"):
+        text = text[len("candidate:") :]
+    try:
+        candidate = candidate_from_sdp(text)
+    except (AssertionError, ValueError, IndexError) as exc:
+        raise OfferError("bad_candidate", f"candidate does not parse: {exc!r}") from exc
+    mid, index = msg.get("sdpMid"), msg.get("sdpMLineIndex")
+    if mid is None and index is None:
+        raise OfferError("bad_candidate", "candidate needs sdpMid or sdpMLineIndex")
+    candidate.sdpMid = str(mid) if mid is not None else None
+    candidate.sdpMLineIndex = int(index) if isinstance(index, int) else None
+    return candidate
+
+
+# --- RTCP feedback -----------------------------------------------------------------------
+
+
+class FeedbackSink(Protocol):
+    """Where ``FeedbackSender`` reports; called on the event loop, must not block."""
+
+    def on_keyframe_request(self, kind: str) -> None: ...  # "pli" | "fir"
+
+    def on_remb(self, bitrate_bps: int) -> None: ...
+
+    def on_receiver_report(self, report: RtcpReceiverInfo) -> None: ...
+
+
+class FeedbackSender(RTCRtpSender):
+    """``RTCRtpSender`` that also reports PLI/FIR, REMB and receiver reports (see module docstring)."""
+
+    _feedback_sink: FeedbackSink | None = None
+    _retransmit_limiter: RetransmitLimiter | None = None
+
+    @classmethod
+    def adopt(
+        cls, sender: RTCRtpSender, sink: FeedbackSink, limiter: RetransmitLimiter | None = None
+    ) -> FeedbackSender:
+        """Turn the sender aiortc created into a ``FeedbackSender`` reporting to ``sink``.
+
+        ``limiter``: which NACKed packets to retransmit (``streamer.media.rtx``); None: all, as aiortc does.
+        """
+        if type(sender) is not RTCRtpSender and not isinstance(sender, cls):
+            raise TypeError(f"unexpected sender type {type(sender).__name__}")
+        sender.__class__ = cls
+        adopted = cast(FeedbackSender, sender)
+        adopted._feedback_sink = sink
+        adopted._retransmit_limiter = limiter
+        return adopted
+
+    async def _retransmit(self, sequence_number: int) -> None:
+        limiter = self._retransmit_limiter
+        copies = 1 if limiter is None else limiter.copies(sequence_number, _now_ms())
+        for _ in range(copies):
+            await super()._retransmit(sequence_number)
+
+    def detach_feedback(self) -> None:
+        self._feedback_sink = None
+
+    async def _handle_rtcp_packet(self, packet: AnyRtcpPacket) -> None:
+        await super()._handle_rtcp_packet(packet)  # aiortc: RTT, stats, NACK retransmission
+        sink = self._feedback_sink
+        if sink is None:
+            return
+        if isinstance(packet, RtcpRrPacket | RtcpSrPacket):
+            for report in packet.reports:
+                if report.ssrc == self._ssrc:
+                    sink.on_receiver_report(report)
+        elif isinstance(packet, RtcpPsfbPacket):
+            if packet.fmt == RTCP_PSFB_PLI:
+                sink.on_keyframe_request("pli")
+            elif packet.fmt == RTCP_PSFB_FIR:
+                sink.on_keyframe_request("fir")
+            elif packet.fmt == RTCP_PSFB_APP:
+                try:
+                    bitrate_bps, ssrcs = unpack_remb_fci(packet.fci)
+                except ValueError:
+                    return  # an APP message that is not REMB
+                if self._ssrc in ssrcs:
+                    sink.on_remb(bitrate_bps)
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteFeedback:
+    """Feedback gathered since the previous ``ViewerPeer.poll_feedback``.
+
+    ``report`` and ``rtt_ms`` are set only when a new receiver report arrived
+    (so a controller never counts one report twice); ``remb_bps`` only when a
+    new REMB arrived.  ``bytes_sent`` is cumulative RTP payload bytes,
+    ``packets_sent`` cumulative RTP packets.  ``probe``: the period's delay
+    probes (``streamer.media.probe``); all None when the viewer opened no probe channel.
+    """
+
+    remb_bps: int | None
+    report: RtcpReceiverInfo | None  # fraction_lost 0-255, packets_lost cumulative, jitter in 90 kHz units
+    rtt_ms: float | None
+    bytes_sent: int
+    keyframe_requests: int  # PLI + FIR since the connection started
+    packets_sent: int = 0
+    probe: ProbeSample = ProbeSample(None, 0, None)
+
+
+class _FeedbackCollector:
+    """Collects ``FeedbackSender`` reports between polls (one loop: no lock)."""
+
+    def __init__(self, on_keyframe_request: Callable[[], None]) -> None:
+        self._on_keyframe_request = on_keyframe_request
+        self.remb_bps: int | None = None
+        self.report: RtcpReceiverInfo | None = None
+        self.keyframe_requests = 0
+
+    def on_keyframe_request(self, kind: str) -> None:
+        self.keyframe_requests += 1
+        log.debug("viewer asked for a keyframe (%s)", kind)
+        self._on_keyframe_request()
+
+    def on_remb(self, bitrate_bps: int) -> None:
+        self.remb_bps = bitrate_bps
+
+    def on_receiver_report(self, report: RtcpReceiverInfo) -> None:
+        self.report = report
+
+    def take(self) -> tuple[int | None, RtcpReceiverInfo | None]:
+        remb, report = self.remb_bps, self.report
+        self.remb_bps = self.report = None
+        return remb, report
+
+
+# --- the connection --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PeerSettings:
+    """ICE settings for a viewer connection."""
+
+    ice_servers: tuple[Mapping[str, Any], ...] = ()
+    advertise_addresses: tuple[str, ...] = ()
+
+
+class ViewerPeer:
+    """One viewer: an answering ``RTCPeerConnection`` sending ``track`` and reading the input channel.
+
+    Callbacks run on the event loop: ``on_state(peer, connectionState)``,
+    ``on_channel_open(peer)`` once the input channel is usable,
+    ``on_keyframe_request()`` on every PLI/FIR.
+    """
+
+    def __init__(
+        self,
+        settings: PeerSettings,
+        track: MediaStreamTrack,
+        router: InputRouter,
+        *,
+        target_bps: int,
+        on_state: Callable[[ViewerPeer, str], None],
+        on_channel_open: Callable[[ViewerPeer], None],
+        on_keyframe_request: Callable[[], None],
+    ) -> None:
+        self._settings = settings
+        self._track = track
+        self._router = router
+        self._on_state = on_state
+        self._on_channel_open = on_channel_open
+        self._feedback = _FeedbackCollector(on_keyframe_request)
+        self._sender: FeedbackSender | None = None
+        self._channel: RTCDataChannel | None = None
+        self._probe_channel: RTCDataChannel | None = None
+        self._probes = ProbeTracker()
+        self._retransmits = RetransmitLimiter(target_bps)
+        self._probe_task: asyncio.Task[None] | None = None
+        self._close_task: asyncio.Future[None] | None = None
+        self.codec: str | None = None  # codec name the answer selected
+        self.pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))
+        self.pc.on("connectionstatechange", self._state_changed)
+        self.pc.on("datachannel", self._datachannel)
+
+    @property
+    def connection_state(self) -> str:
+        return str(self.pc.connectionState)
+
+    @property
+    def channel_open(self) -> bool:
+        return self._channel is not None and self._channel.readyState == "open"
+
+    async def answer(self, offer_sdp: str, webrtc_codec: str) -> str:
+        """Apply the viewer's offer and return our answer SDP (candidates included)."""
+        transceiver = self.pc.addTransceiver(self._track, direction="sendonly")
+        transceiver.setCodecPreferences(codec_preferences(webrtc_codec))
+        self._sender = FeedbackSender.adopt(transceiver.sender, self._feedback, self._retransmits)
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+        if transceiver.mid is None:
+            raise OfferError("no_video", "the offer's video section did not match our sending transceiver")
+        advertise_host_addresses(self.pc, self._settings.advertise_addresses)
+        await self.pc.setLocalDescription(await self.pc.createAnswer())
+        answer_sdp = str(self.pc.localDescription.sdp)
+        self.codec = answered_video_codec(answer_sdp)
+        return answer_sdp
+
+    async def add_candidate(self, msg: Mapping[str, Any]) -> None:
+        """Add a trickled remote candidate (``OfferError`` if malformed)."""
+        await self.pc.addIceCandidate(candidate_from_signal(msg))
+
+    def send_event(self, payload: Mapping[str, Any]) -> bool:
+        """Send a node event (``NodeEventType``) on the input channel; False if it is not open."""
+        channel = self._channel
+        if channel is None or channel.readyState != "open":
+            return False
+        try:
+            channel.send(json.dumps(payload, separators=(",", ":")))
+        except Exception as exc:  # the SCTP association is closing under us
+            log.debug("send on the input channel failed: %r", exc)
+            return False
+        return True
+
+    async def poll_feedback(self) -> RemoteFeedback:
+        """Feedback since the previous poll (see ``RemoteFeedback``)."""
+        remb, report = self._feedback.take()
+        rtt_ms: float | None = None
+        bytes_sent = packets_sent = 0
+        if self._sender is not None:
+            for stats in (await self._sender.getStats()).values():
+                if stats.type == "remote-inbound-rtp" and report is not None:
+                    rtt_s = getattr(stats, "roundTripTime", None)
+                    rtt_ms = rtt_s * 1000.0 if rtt_s is not None else None
+                elif stats.type == "outbound-rtp":
+                    bytes_sent = int(stats.bytesSent)
+                    packets_sent = int(stats.packetsSent)
+        probe = self._probes.take(_now_ms())
+        rtt_now = probe.rtt_ms if probe.rtt_ms is not None else rtt_ms
+        if rtt_now is not None:
+            self._retransmits.rtt_ms = rtt_now
+        return RemoteFeedback(remb, report, rtt_ms, bytes_sent, self._feedback.keyframe_requests, packets_sent, probe)
+
+    def set_target(self, target_bps: int, duplicate_retransmissions: bool = False) -> None:
+        """The video target in force: the retransmission budget is a share of it.
+
+        ``duplicate_retransmissions``: send each retransmission twice (the loss is random, not a
+        queue's: see ``streamer.media.rtx.RetransmitLimiter.duplicate``).
+        """
+        self._retransmits.target_bps = target_bps
+        self._retransmits.duplicate = duplicate_retransmissions
+
+    @property
+    def retransmits(self) -> RetransmitCounters:
+        return self._retransmits.counters
+
+    async def close(self) -> None:
+        """Close the connection (stops the sender and its track).  Idempotent.
+
+        Shielded: a caller cancelled meanwhile does not leave aiortc half
+        closed (its ``close`` cannot be resumed by a second call).
+        """
+        if self._close_task is None:
+            if self._probe_task is not None:
+                self._probe_task.cancel()
+            if self._sender is not None:
+                self._sender.detach_feedback()
+            self._router.release_all()
+            self._close_task = asyncio.ensure_future(self.pc.close())
+        await asyncio.shield(self._close_task)
+
+    # -- aiortc callbacks ------------------------------------------------------------------
+
+    def _state_changed(self) -> None:
+        self._on_state(self, self.connection_state)
+
+    def _datachannel(self, channel: RTCDataChannel) -> None:
+        if channel.label == PROBE_CHANNEL_LABEL and self._probe_channel is None:
+            self._probe_channel = channel
+            channel.on("message", self._probe_answer)
+            if self._probe_task is None and self._close_task is None:
+                self._probe_task = asyncio.ensure_future(self._send_probes(channel))
+            return
+        if channel.label != INPUT_CHANNEL_LABEL:
+            log.info("ignoring data channel %r (only %r carries input)", channel.label, INPUT_CHANNEL_LABEL)
+            return
+        self._channel = channel
+        channel.on("message", self._message)
+        if channel.readyState == "open":
+            self._on_channel_open(self)
+        else:
+            channel.on("open", lambda: self._on_channel_open(self))
+
+    def _message(self, raw: str | bytes) -> None:
+        self._router.handle(raw, self.send_event)
+
+    def _probe_answer(self, raw: str | bytes) -> None:
+        ack = parse_input(raw)
+        if isinstance(ack, ProbeAck):
+            self._probes.answer(ack, _now_ms())
+        else:
+            log.debug("ignoring %r on the probe channel", raw[:80])
+
+    async def _send_probes(self, channel: RTCDataChannel) -> None:
+        """A probe every ``PROBE_INTERVAL_MS`` while the probe channel is open (ends with it)."""
+        try:
+            while channel.readyState in ("connecting", "open"):
+                if channel.readyState == "open":
+                    channel.send(json.dumps(self._probes.probe(_now_ms()), separators=(",", ":")))
+                await asyncio.sleep(PROBE_INTERVAL_MS / 1000.0)
+        except Exception as exc:  # the SCTP association is closing under us
+            log.debug("probe channel ended: %r", exc)
+
+
+def _now_ms() -> float:
+    return time.monotonic() * 1000.0

@@ -1,0 +1,134 @@
+"""Delay probes on the viewer's probe channel: round-trip times and the viewer's receive rate.
+
+Job: ``ProbeTracker`` numbers the node's ``probe`` messages, matches the viewer's
+``pa`` answers to them, and sums up each control period: the lowest round-trip time
+among the probes answered in it, and the rate at which the viewer received video RTP
+packets (from the packet counts the answers carry, on the viewer's own clock).  RTCP
+receiver reports arrive about once a second; a probe every ``PROBE_INTERVAL_MS``
+travels the same downlink queue as the video, so a queue building up shows in its
+round trip within one probe interval, and the receive rate says what the path carries
+now (the level to cut to).  Where the viewer reports the frames it decoded, the tracker
+also sees a picture frozen while packets keep arriving (a frame that can never complete:
+its lost packet was not repaired), so the node can send a keyframe at once instead of
+waiting for the viewer's own keyframe request (Chromium's comes after 3 s without a
+decodable frame, measured on the ABR lab).
+
+Concurrency model: none.  Pure bookkeeping: no clock (every call takes ``now_ms``, the
+node's monotonic milliseconds), no I/O; the peer (``streamer.media.peer.ViewerPeer``) sends
+and receives the messages and owns one tracker per connection.
+
+Invariants:
+  - an answer counts once, and only for a probe this tracker sent and has not forgotten
+    (``PROBE_FORGET_MS``); unknown, repeated or late answers are ignored;
+  - receive-rate samples keep the viewer's clock strictly increasing and its packet count
+    non-decreasing (a count that goes back -- a new stream -- starts the samples over);
+  - ``take`` reports a receive rate only over at least ``RECV_RATE_MIN_SPAN_MS`` of the
+    viewer's clock, from a sample that arrived within ``RECV_RATE_WINDOW_MS``;
+  - ``take`` reports a stall only while at least ``STALL_MIN_PACKETS`` packets arrived after
+    the viewer's last decoded frame (an idle stream is no stall).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Final
+
+from broker.protocol import NodeEventType
+from streamer.desktop.inputs import PING_MAX_ID, ProbeAck
+
+# One probe each 25 ms: four per 100 ms control period, whose lowest round trip is the sample
+# (streamer.abr.bitrate calibrates its noise threshold on the lowest of 4 on a jittery path).
+PROBE_INTERVAL_MS: Final = 25
+PROBE_FORGET_MS: Final = 2_000  # an unanswered probe is forgotten after this (lost: unreliable channel)
+# Receive rate over the newest 300 ms of the viewer's clock (short: after a capacity drop the
+# rate to cut to is the new one, not an average reaching back before it), and over no less
+# than 150 ms of it (a few frames).
+RECV_RATE_WINDOW_MS: Final = 300
+RECV_RATE_MIN_SPAN_MS: Final = 150
+# A stall: this many packets arrived since the viewer's frame count last moved (a frame is
+# 3-40 packets at 0.3-8 Mbps, 30 fps; a keyframe up to ~60, so it takes the time as well).
+STALL_MIN_PACKETS: Final = 20
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSample:
+    """One control period's probe figures (None: nothing to say).
+
+    rtt_ms: the lowest round-trip time among the probes answered since the previous
+    ``take`` (the lowest, so that one probe delayed by jitter does not read as a queue).
+    answered: how many were answered.  recv_pps: video RTP packets per second the viewer
+    received over its newest ``RECV_RATE_WINDOW_MS``.  stalled_ms: how long (viewer's clock)
+    its decoded-frame count has not moved while packets kept arriving (None: it is moving,
+    no packets came, or the viewer does not report frames).
+    """
+
+    rtt_ms: float | None
+    answered: int
+    recv_pps: float | None
+    stalled_ms: float | None = None
+
+
+class ProbeTracker:
+    """Numbers probes, matches answers, and reports each period's RTT and receive rate."""
+
+    def __init__(self) -> None:
+        self._next_id = 1
+        self._pending: dict[int, float] = {}  # probe id -> node time sent
+        self._rtts: list[float] = []  # answered since the previous take
+        self._rx: deque[tuple[float, int]] = deque()  # (viewer ms, packets received), newest last
+        self._rx_arrived_ms: float | None = None  # node time the newest rx sample arrived
+        # (viewer ms, packets received) when the decoded-frame count last moved, and that count
+        self._decoded_at: tuple[float, int] | None = None
+        self._decoded: int | None = None
+        self._newest: tuple[float, int] | None = None  # newest (viewer ms, packets) with a frame count
+
+    def probe(self, now_ms: float) -> dict[str, Any]:
+        """The next probe message to send at ``now_ms``; forgets probes too old to count."""
+        for probe_id in [i for i, sent in self._pending.items() if sent < now_ms - PROBE_FORGET_MS]:
+            del self._pending[probe_id]
+        probe_id = self._next_id
+        self._next_id = self._next_id % PING_MAX_ID + 1
+        self._pending[probe_id] = now_ms
+        return {"t": NodeEventType.PROBE.value, "id": probe_id}
+
+    def answer(self, ack: ProbeAck, now_ms: float) -> bool:
+        """Record the viewer's answer arriving at ``now_ms``; False when it matches no pending probe."""
+        sent = self._pending.pop(ack.id, None)
+        if sent is None:
+            return False
+        self._rtts.append(max(0.0, now_ms - sent))
+        went_back = bool(self._rx) and ack.rx_packets < self._rx[-1][1]
+        if went_back:
+            self._rx.clear()  # the count went back: a new stream
+        if not self._rx or ack.rx_ms > self._rx[-1][0]:
+            self._rx.append((ack.rx_ms, ack.rx_packets))
+            self._rx_arrived_ms = now_ms
+            while self._rx[0][0] < ack.rx_ms - RECV_RATE_WINDOW_MS:
+                self._rx.popleft()
+            self._count_frames(ack, went_back)
+        return True
+
+    def _count_frames(self, ack: ProbeAck, went_back: bool) -> None:
+        if ack.frames_decoded is None:
+            return
+        if self._decoded is None or went_back or ack.frames_decoded != self._decoded:
+            self._decoded = ack.frames_decoded
+            self._decoded_at = (ack.rx_ms, ack.rx_packets)
+        self._newest = (ack.rx_ms, ack.rx_packets)
+
+    def take(self, now_ms: float) -> ProbeSample:
+        """This period's figures; starts the next period."""
+        rtts, self._rtts = self._rtts, []
+        recv_pps: float | None = None
+        fresh = self._rx_arrived_ms is not None and now_ms - self._rx_arrived_ms <= RECV_RATE_WINDOW_MS
+        if fresh and len(self._rx) >= 2:
+            (t0, n0), (t1, n1) = self._rx[0], self._rx[-1]
+            if t1 - t0 >= RECV_RATE_MIN_SPAN_MS:
+                recv_pps = (n1 - n0) * 1000.0 / (t1 - t0)
+        stalled_ms: float | None = None
+        if fresh and self._decoded_at is not None and self._newest is not None:
+            (t0, n0), (t1, n1) = self._decoded_at, self._newest
+            if n1 - n0 >= STALL_MIN_PACKETS:
+                stalled_ms = t1 - t0
+        return ProbeSample(min(rtts) if rtts else None, len(rtts), recv_pps, stalled_ms)

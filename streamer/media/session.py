@@ -1,0 +1,833 @@
+"""The per-session runtime of a render node: display or game, capture, encoder, viewer peer, control.
+
+Job: ``SessionRuntime`` composes one session.  ``start()`` brings up the
+picture source (desktop: ``VirtualDisplay`` with the app + ``open_capture`` +
+``XInputSink``; game: the built-in ``Game`` renderer through ``GameSource``,
+or a game command on a virtual display like a desktop), probes and selects an
+encoder (``streamer.abr.control.choose_backend``) and starts the frame thread
+(``streamer.media.track.FramePipeline``).  ``handle_signal`` answers viewer offers
+(``streamer.media.peer.ViewerPeer``); a new offer replaces the previous viewer while
+display and encoder keep running (the new viewer's first frame is a keyframe).
+While a viewer is attached, a control loop reads its RTCP feedback every
+``stats_interval_ms`` and applies ``streamer.abr.control.StreamController``'s
+decisions: a new target bitrate -> ``VideoEncoder.set_bitrate`` (live), a new
+ladder rung -> a new encoder at that size/fps (one keyframe), installed by the
+frame thread between frames.  Every control step is kept as telemetry
+(``stats()["decisions"]``: the newest ``DECISION_LOG_SIZE`` records of target,
+reasons, rung and signals; ``stats()["decision_counts"]``: steps per reason).
+``stop()`` tears everything down.
+
+Events (``on_event(name, info)``, delivered in order from one task):
+- ``"connected"``: a viewer's connection reached ``connected``;
+- ``"disconnected"``: that viewer went away (bye, peer_left, failed/closed,
+  or replaced by a new offer) and the session keeps running;
+- ``"ended"``: the runtime ended *by itself* (the app exited, the frame
+  pipeline failed); it also stops itself.  ``stop()`` called by the owner
+  emits nothing, and no event is emitted once stopping has begun.
+
+Concurrency model: one asyncio loop owns the runtime; signaling is serialized
+by a lock.  CPU-bound and blocking work never runs on the loop: grab + encode
+on the frame thread (``rb-frames-<id>``), X input injection on one input
+thread (``rb-input-<id>``), encoder opening, probing, capture open/close and
+thread joins through ``asyncio.to_thread``.  Game input is queued to the
+frame thread, which owns the ``Game``.
+
+Invariants:
+- after ``stop()`` (or a failed ``start()``) no thread, process, display or
+  encoder of the session is left;
+- policies are pure and get time as ``now_ms`` (a monotonic clock read here);
+- only the codec the encoder produces is in the answer;
+- a viewer's malformed messages are counted and dropped; a bad offer is
+  answered with an ``error`` message, never an exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Final, Literal, cast
+
+from aiortc.rtp import RtcpReceiverInfo
+
+from broker.protocol import NodeEventType, PoolKind, SignalType
+from encoder import (
+    AIORTC_VIDEO_CODECS,
+    Backend,
+    EncoderConfig,
+    NoEncoderError,
+    ProbeResult,
+    VideoEncoder,
+    probe_all_async,
+)
+from streamer.abr import bitrate as bitrate_policy
+from streamer.abr import ladder as ladder_policy
+from streamer.abr.bitrate import DESKTOP_PROFILE, GAME_PROFILE, BitrateProfile, Feedback
+from streamer.abr.control import (
+    CODEC_PREFERENCES,
+    RATE_MATCH_WINDOW_MS,
+    SENDABLE_BACKENDS,
+    ControlStep,
+    StreamController,
+    choose_backend,
+    round2,
+)
+from streamer.abr.ladder import Rung
+from streamer.desktop.capture import FrameSource, open_capture
+from streamer.desktop.display import DisplayConfig, VirtualDisplay
+from streamer.desktop.game import Game
+from streamer.desktop.inputsink import GameSource, InputRouter, XInputSink, wall_clock_ms
+from streamer.media.peer import OfferError, PeerSettings, RemoteFeedback, ViewerPeer, parse_offer, rtc_configuration
+from streamer.media.track import EncodedVideoTrack, FramePipeline
+
+log = logging.getLogger(__name__)
+
+KINDS: Final = frozenset({PoolKind.DESKTOP.value, PoolKind.GAME.value})
+CAPTURE_BACKENDS: Final = frozenset({"auto", "x11grab", "mss"})
+MAX_WIDTH_PX: Final = 7680
+MAX_HEIGHT_PX: Final = 4320
+MIN_SIZE_PX: Final = 64
+EVENT_DRAIN_TIMEOUT_S: Final = 10.0  # stop() waits this long for queued events to be delivered
+# the send rate the controller gets is averaged over this long: the window its rate match divides by
+SEND_RATE_WINDOW_S: Final = RATE_MATCH_WINDOW_MS / 1000
+# Retransmissions are paid for out of the encoder's bits (libwebrtc's "protection bitrate"), so
+# media + retransmissions stay at the target; but they never take more than half of it.
+MIN_MEDIA_PERCENT: Final = 50
+RTX_PACKET_BYTES: Final = 1_200  # assumed size of a retransmitted packet before any was sent
+LOSS_MIN_PACKETS: Final = 50  # receiver-report loss is judged over at least this many packets
+DECISION_LOG_SIZE: Final = 100  # control steps kept in stats()["decisions"] (10 s at 100 ms)
+
+EventCallback = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """What to run: from the broker's start command and the node's settings."""
+
+    id: str
+    kind: str  # "desktop" | "game"
+    width: int
+    height: int
+    fps: int
+    codec: str = "auto"  # auto | h264 | vp8: the profile's codec preference
+    ice_servers: tuple[dict[str, Any], ...] = ()  # [{"urls": [...], "username": ..., "credential": ...}]
+    app_command: tuple[str, ...] = ("xterm",)  # desktop app
+    game_command: tuple[str, ...] = ()  # empty: the built-in game renderer
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ValueError("session id must not be empty")
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {sorted(KINDS)}, got {self.kind!r}")
+        if not (MIN_SIZE_PX <= self.width <= MAX_WIDTH_PX and MIN_SIZE_PX <= self.height <= MAX_HEIGHT_PX):
+            raise ValueError(f"size {self.width}x{self.height} outside {MIN_SIZE_PX}..{MAX_WIDTH_PX}x{MAX_HEIGHT_PX}")
+        if self.width % 2 or self.height % 2:
+            raise ValueError(f"size must be even (4:2:0 video), got {self.width}x{self.height}")
+        if not 1 <= self.fps <= 240:
+            raise ValueError(f"fps must be within 1..240, got {self.fps}")
+        if self.codec.lower() not in CODEC_PREFERENCES:
+            raise ValueError(f"codec must be one of {sorted(CODEC_PREFERENCES)}, got {self.codec!r}")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Node-wide settings every session runtime shares."""
+
+    advertise_addresses: tuple[str, ...] = ()  # host candidates to offer; empty: aioice's interface list
+    encoder_preference: str = "auto"  # auto, a backend name (libx264, h264_nvenc) or a codec
+    capture_backend: str = "auto"  # auto | x11grab | mss
+    bitrate_profile: BitrateProfile | None = None  # None: streamer.abr.bitrate's desktop/game profile by kind
+    # feedback -> bitrate/ladder decision period.  100, not 200: a ramp's overshoot shows in the
+    # probes a period sooner (ABR lab: at 200 ms the second high probe came with the queue at
+    # 60-90 ms of the bottleneck's 100, and the cut landed after the overflow)
+    stats_interval_ms: int = 100
+    client_stats_interval_ms: int = 1000  # stats event to the viewer
+    keyframe_min_interval_ms: int = 250  # PLI/FIR storms are answered at most this often
+    # The viewer's probe answers show its picture frozen (packets arrive, no frame decodes) this
+    # long: send a keyframe without waiting for its own request (Chromium asks after 3 s);
+    # again at most once per stall_keyframe_interval_ms while the stall lasts.  0: never.
+    # 500 ms, not 1 s: after a capacity drop the first such keyframe can be lost in the same
+    # overflow (ABR lab, 8 -> 2 Mbps: a second 0.8 s freeze followed the first).
+    stall_keyframe_ms: int = 300
+    stall_keyframe_interval_ms: int = 500
+
+    def __post_init__(self) -> None:
+        if self.capture_backend not in CAPTURE_BACKENDS:
+            raise ValueError(f"capture_backend must be one of {sorted(CAPTURE_BACKENDS)}")
+        if self.stats_interval_ms < 10 or self.client_stats_interval_ms < self.stats_interval_ms:
+            raise ValueError("stats_interval_ms must be >= 10 and <= client_stats_interval_ms")
+        if self.keyframe_min_interval_ms < 0:
+            raise ValueError("keyframe_min_interval_ms must be >= 0")
+        if self.stall_keyframe_ms < 0 or self.stall_keyframe_interval_ms < 0:
+            raise ValueError("stall_keyframe_ms and stall_keyframe_interval_ms must be >= 0")
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def media_bps(encoder_bps: int, retransmit_bps: int) -> int:
+    """The encoder's bitrate once the retransmission rate is paid for (never under MIN_MEDIA_PERCENT)."""
+    return max(encoder_bps - retransmit_bps, encoder_bps * MIN_MEDIA_PERCENT // 100)
+
+
+class LossWindow:
+    """Loss over at least ``LOSS_MIN_PACKETS`` expected packets, from receiver reports' cumulative counts.
+
+    A report's own fraction lost covers the span since the viewer's previous report, which
+    Chromium makes tiny: it sends a report with every NACK, so on a path with 2 % random loss
+    most reports covered a few packets and said 33-50 % lost (measured, bench_abr (c)), and
+    each was a loss cut.  Like libwebrtc's loss-based estimator, the loss is taken over enough
+    packets instead: (lost since the reference) / (sequence numbers since it), in RTCP's x256.
+    """
+
+    def __init__(self) -> None:
+        self._ref: tuple[int, int] | None = None  # (extended highest sequence, cumulative lost)
+
+    def fraction_lost(self, report: RtcpReceiverInfo | None) -> int | None:
+        """The x256 loss since the reference once ``LOSS_MIN_PACKETS`` were expected, else None."""
+        if report is None:
+            return None
+        if self._ref is None or report.highest_sequence < self._ref[0]:  # first report, or a new stream
+            self._ref = (report.highest_sequence, report.packets_lost)
+            return None
+        expected = report.highest_sequence - self._ref[0]
+        if expected < LOSS_MIN_PACKETS:
+            return None
+        lost = report.packets_lost - self._ref[1]
+        self._ref = (report.highest_sequence, report.packets_lost)
+        scale = bitrate_policy.FRACTION_LOST_SCALE
+        return max(0, min(scale - 1, lost * scale // expected))
+
+
+def feedback_from_remote(
+    remote: RemoteFeedback,
+    send_rate_bps: int | None,
+    packet_bytes: float | None = None,
+    fraction_lost: int | None = None,
+) -> Feedback:
+    """The bitrate policy's input from one poll of the viewer's feedback.
+
+    ``packet_bytes``: the mean RTP payload per packet we sent lately; it turns the viewer's
+    receive rate in packets (its probe answers) into bits per second.  ``fraction_lost``: the
+    loss over enough packets (``LossWindow``), used instead of the report's own.
+    """
+    report = remote.report
+    recv_pps = remote.probe.recv_pps
+    recv_bps = round(recv_pps * packet_bytes * 8) if recv_pps is not None and packet_bytes else None
+    return Feedback(
+        remb_bps=remote.remb_bps,
+        fraction_lost=fraction_lost,
+        cumulative_lost=report.packets_lost if report is not None else None,
+        jitter_ms=bitrate_policy.jitter_ms_from_rtp(report.jitter) if report is not None else None,
+        rtt_ms=remote.rtt_ms,
+        send_rate_bps=send_rate_bps,
+        probe_rtt_ms=remote.probe.rtt_ms,
+        recv_rate_bps=recv_bps,
+    )
+
+
+# --- the runtime -------------------------------------------------------------------------
+
+
+class SessionRuntime:
+    """One session on this node (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: SessionSpec,
+        config: RuntimeConfig,
+        *,
+        on_event: EventCallback | None = None,
+        game_factory: Callable[[int, int], Game] = Game,
+    ) -> None:
+        """``game_factory(width, height)`` makes the built-in game renderer (benchmarks pass a busier scene)."""
+        self.spec = spec
+        self.config = config
+        self._on_event = on_event
+        self._game_factory = game_factory
+        self._state = "new"  # new -> starting -> running -> stopping -> stopped
+        self._running = asyncio.Event()
+        kind_game = spec.kind == PoolKind.GAME.value
+        self._profile = config.bitrate_profile or (GAME_PROFILE if kind_game else DESKTOP_PROFILE)
+        make_ladder = ladder_policy.game_ladder if kind_game else ladder_policy.desktop_ladder
+        self._ladder = make_ladder(spec.width, spec.height, spec.fps)
+        self._display: VirtualDisplay | None = None
+        self._source: FrameSource | None = None
+        self._sink: XInputSink | GameSource | None = None
+        self._router: InputRouter | None = None
+        self._pipeline: FramePipeline | None = None
+        self._probes: tuple[ProbeResult, ...] = ()
+        self._selection_reasons: tuple[str, ...] = ()
+        self._peer: ViewerPeer | None = None
+        self._track: EncodedVideoTrack | None = None
+        self._controller: StreamController | None = None
+        self._control_task: asyncio.Task[None] | None = None
+        self._connected = False
+        self._viewers = 0
+        self._signal_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()  # cancelled on teardown: control loop, app watch
+        self._peer_tasks: set[asyncio.Task[Any]] = set()  # awaited on teardown: closing a lost viewer
+        self._self_stop: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._events: asyncio.Queue[tuple[str, dict[str, Any]] | None] = asyncio.Queue()
+        self._event_task: asyncio.Task[None] | None = None
+        self._pending_warning: dict[str, Any] | None = None
+        self._last_keyframe_s = 0.0  # monotonic seconds of the last keyframe request we passed on
+        self._keyframe_timer: asyncio.TimerHandle | None = None
+        self._remote: dict[str, Any] = {"rtt_ms": None, "jitter_ms": None, "loss": None, "remb_bps": None}
+        self._send_rate_bps: int | None = None
+        self._encoder_bps: int | None = None  # last bitrate given to the encoder (target x gain - retransmissions)
+        self._retransmit_bps = 0  # retransmission rate over the send-rate window
+        self._keyframe_requests = 0
+        self._stall_keyframes = 0
+        self._stall_keyframe_s: float | None = None  # monotonic seconds of the last one
+        # Telemetry of every control step (all viewers of the session): the newest records and
+        # a count per bitrate reason since the session started.
+        self._decisions: deque[dict[str, Any]] = deque(maxlen=DECISION_LOG_SIZE)
+        self._decision_counts: Counter[str] = Counter()
+        self._start_task: asyncio.Task[Any] | None = None
+        self._stop_task: asyncio.Task[None] | None = None
+
+    # -- public API ----------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def last_input_ms(self) -> int | None:
+        """When the viewer last sent user input (ms since the epoch); None if never."""
+        return self._router.last_input_ms if self._router is not None else None
+
+    @property
+    def display_name(self) -> str | None:
+        """The X display (``":3"``) of desktop sessions, else None."""
+        return self._display.name if self._display is not None else None
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """Pids of the session's processes by role (xvfb, wm, app)."""
+        return self._display.pids if self._display is not None else {}
+
+    @property
+    def thread_names(self) -> tuple[str, ...]:
+        """Name prefixes of the threads this session starts."""
+        return (f"rb-frames-{self.spec.id}", f"rb-input-{self.spec.id}")
+
+    async def start(self) -> None:
+        """Bring up source, capture, input and encoder.  On failure (or cancellation) clean up and raise."""
+        if self._state != "new":
+            raise RuntimeError(f"start() on a runtime that is {self._state}")
+        self._state = "starting"
+        self._start_task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
+        try:
+            await self._start()
+        except BaseException:
+            await self._teardown()
+            self._state = "stopped"
+            raise
+        finally:
+            self._start_task = None  # the caller's task: never cancel it once start() returned
+        if self._state == "starting":
+            self._state = "running"
+            self._running.set()
+
+    async def handle_signal(self, msg: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Apply one signaling message from the viewer; returns the messages to send back."""
+        kind = msg.get("type")
+        async with self._signal_lock:
+            if kind == SignalType.OFFER:
+                return await self._on_offer(msg)
+            if kind == SignalType.CANDIDATE:
+                await self._on_candidate(msg)
+            elif kind in (SignalType.BYE, SignalType.PEER_LEFT):
+                await self._drop_peer(str(kind))
+            elif kind == SignalType.ERROR:
+                log.warning("session %s: signaling error from the broker: %s", self.spec.id, dict(msg))
+            elif kind != SignalType.PEER_JOINED:
+                log.info("session %s: ignoring signaling message of type %r", self.spec.id, kind)
+        return []
+
+    async def warn(self, code: str, detail: str, ends_in_s: int) -> None:
+        """Tell the viewer (now, or when it next connects) that the session is about to end."""
+        payload = {"t": NodeEventType.WARNING.value, "code": code, "detail": detail, "ends_in_s": int(ends_in_s)}
+        self._pending_warning = payload
+        if self._peer is not None:
+            self._peer.send_event(payload)
+
+    def stats(self) -> dict[str, Any]:
+        """A JSON-ready snapshot of the stream (see the keys below; None where unknown)."""
+        pipeline = self._pipeline
+        router = self._router
+        step = self._controller.last if self._controller is not None else None
+        out: dict[str, Any] = {
+            "session_id": self.spec.id,
+            "kind": self.spec.kind,
+            "state": self._state,
+            "connected": self._connected,
+            "viewers": self._viewers,  # viewers that have connected so far
+            "fps": None,
+            "target_fps": None,
+            "frames": 0,
+            "encode_ms": None,  # median conversion + encode per frame, ms
+            "encode_ms_p95": None,
+            "convert_ms": None,
+            "grab_ms": None,  # median capture/render per frame, ms
+            "bitrate_bps": self._send_rate_bps,  # measured RTP payload rate, retransmissions included
+            "target_bps": step.bitrate.target_bps if step else None,
+            # what the encoder was asked for: target x rate-match gain - the retransmission rate
+            "encoder_bps": self._encoder_bps,
+            "retransmit_bps": self._retransmit_bps,  # retransmitted RTP payload (estimated at the mean packet size)
+            "encoder_bitrate_bps": None,  # what the codec runs at (may hold back small changes)
+            "keyframes": 0,  # produced by the current encoder
+            "requested_keyframes": 0,  # keyframes forced by PLI/FIR or a new viewer (current encoder)
+            "bitrate_keyframes": 0,  # keyframes caused by bitrate changes the codec could not follow live
+            "keyframe_requests": self._keyframe_requests,  # PLI/FIR received
+            "stall_keyframes": self._stall_keyframes,  # sent because the viewer's picture froze (probes)
+            # NACKed packets of the current viewer: retransmitted, skipped as repeated within an RTT
+            # or over the retransmission budget (streamer.media.rtx)
+            "retransmits": asdict(self._peer.retransmits) if self._peer is not None else None,
+            "encoder": None,
+            "codec": None,
+            "width": None,
+            "height": None,
+            "skipped_backpressure": 0,
+            "skipped_late": 0,
+            "last_input_ms": self.last_input_ms,
+            "input_accepted": router.accepted if router else 0,
+            "input_dropped": router.dropped if router else 0,
+            "input": router.counters.snapshot() if router else {"accepted": {}, "dropped": {}},
+            "bitrate_reason": step.bitrate.reason.value if step else None,
+            "ladder_reason": step.ladder.reason.value if step else None,
+            # the viewer's answers to delay probes (None: it answers none): the period's lowest
+            # round trip, and the rate it receives video at
+            "probe_rtt_ms": round2(step.bitrate.signals.probe_rtt_ms) if step else None,
+            "recv_rate_bps": step.bitrate.signals.recv_rate_bps if step else None,
+            "encoder_reasons": list(self._selection_reasons),
+            # newest control steps, oldest first: ControlStep.record() (target, reasons, rung, signals)
+            "decisions": list(self._decisions),
+            "decision_counts": dict(self._decision_counts),  # control steps per bitrate reason
+            **self._remote,  # rtt_ms, jitter_ms, loss (0..1), remb_bps
+        }
+        if pipeline is not None:
+            p = pipeline.stats()
+            encoder = pipeline.encoder
+            snap = encoder.stats.snapshot()
+            out.update(
+                fps=round(p.fps, 2),
+                target_fps=p.target_fps,
+                frames=p.frames,
+                encode_ms=round(snap.total_ms_p50, 3),
+                encode_ms_p95=round(snap.total_ms_p95, 3),
+                convert_ms=round(snap.convert_ms_p50, 3),
+                encoder_bitrate_bps=encoder.bitrate_bps,
+                keyframes=snap.keyframes,
+                requested_keyframes=snap.requested_keyframes,
+                bitrate_keyframes=snap.bitrate_keyframes,
+                encoder=p.encoder,
+                codec=encoder.backend.webrtc_codec,
+                width=p.width,
+                height=p.height,
+                skipped_backpressure=p.skipped_backpressure,
+                skipped_late=p.skipped_late,
+            )
+        if self._source is not None:
+            out["grab_ms"] = round(self._source.stats().p50_ms, 3)
+        return out
+
+    async def stop(self, reason: str = "stopped") -> None:
+        """Close the viewer, stop threads, close encoder, capture and display.  Idempotent."""
+        if self._stop_task is None:
+            self._stop_task = asyncio.ensure_future(self._stop(reason))
+        await asyncio.shield(self._stop_task)
+        consumer = self._event_task
+        if consumer is not None and consumer is not asyncio.current_task() and not consumer.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(consumer), EVENT_DRAIN_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("session %s: event handler still busy after stop; cancelling it", self.spec.id)
+                consumer.cancel()
+
+    # -- start / stop --------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        spec = self.spec
+        rtc_configuration(spec.ice_servers)  # a malformed ICE server fails the start, not a viewer's offer
+        if spec.kind == PoolKind.GAME.value and not spec.game_command:
+            game = GameSource(self._game_factory(spec.width, spec.height), wall_clock_ms)
+            self._source, self._sink = game, game
+        else:
+            app = spec.app_command if spec.kind == PoolKind.DESKTOP.value else spec.game_command
+            self._display = VirtualDisplay(DisplayConfig(width=spec.width, height=spec.height, app=app or None))
+            await self._display.start()
+            backend = cast(Literal["auto", "x11grab", "mss"], self.config.capture_backend)
+            self._source = await asyncio.to_thread(
+                open_capture, self._display.name, spec.width, spec.height, backend=backend
+            )
+            self._sink = await XInputSink.open(self._display.name, f"rb-input-{spec.id}")
+            if app:
+                self._spawn(self._watch_app(self._display))
+        self._router = InputRouter(self._sink)
+        self._probes = await probe_all_async(SENDABLE_BACKENDS)
+        selection = choose_backend(
+            self._probes,
+            encoder_preference=self.config.encoder_preference,
+            codec_preference=spec.codec,
+            peer_codecs=AIORTC_VIDEO_CODECS,
+        )
+        self._selection_reasons = selection.reasons
+        rung = ladder_policy.initial_state(self._ladder, self._profile.start_bps).rung
+        encoder = await self._open_encoder(selection.backend, rung, self._profile.start_bps)
+        self._pipeline = FramePipeline(
+            self._source, encoder, rung.fps, name=f"rb-frames-{spec.id}", on_failure=self._pipeline_failed
+        )
+        self._pipeline.start()
+        log.info(
+            "session %s (%s %dx%d@%d) ready: %s; %s",
+            spec.id, spec.kind, spec.width, spec.height, spec.fps, encoder, "; ".join(selection.reasons),
+        )  # fmt: skip
+
+    async def _stop(self, reason: str) -> None:
+        self._state = "stopping"
+        start = self._start_task
+        if start is not None and not start.done() and start is not asyncio.current_task():
+            start.cancel()  # start() tears down what it began, then re-raises
+            await asyncio.wait({start})
+        log.info("session %s stopping: %s", self.spec.id, reason)
+        await self._teardown()
+        self._state = "stopped"
+        if self._event_task is not None:
+            self._events.put_nowait(None)
+
+    async def _teardown(self) -> None:
+        """Release everything in reverse order; safe on a partly started runtime, idempotent."""
+        current = asyncio.current_task()
+        others = [t for t in self._tasks if t is not current]
+        for task in others:
+            task.cancel()
+        closing = [t for t in self._peer_tasks if t is not current]
+        if others or closing:
+            await asyncio.wait([*others, *closing])
+        async with self._signal_lock:
+            await self._drop_peer("stopped")
+        if self._pipeline is not None:
+            pipeline, self._pipeline = self._pipeline, None
+            await asyncio.to_thread(pipeline.close)
+        if isinstance(self._sink, XInputSink):
+            await asyncio.to_thread(self._sink.close)
+        if self._source is not None:
+            await asyncio.to_thread(self._source.close)
+        if self._display is not None:
+            await self._display.close()
+
+    async def _watch_app(self, display: VirtualDisplay) -> None:
+        status = await display.wait_app()
+        await self._running.wait()  # an app that dies during start() is reported once we run
+        self._end_self("app_exited", f"the app exited with status {status}")
+
+    def _pipeline_failed(self, exc: BaseException) -> None:
+        """Frame thread -> loop: the pipeline gave up."""
+        loop = self._loop
+        if loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the session is gone
+            loop.call_soon_threadsafe(self._end_self, "capture_failed", repr(exc))
+
+    def _end_self(self, reason: str, detail: str) -> None:
+        """The runtime ends on its own: say so once, then stop."""
+        if self._state not in ("starting", "running"):
+            return
+        log.warning("session %s ends by itself: %s (%s)", self.spec.id, reason, detail)
+        self._emit("ended", {"reason": reason, "detail": detail})
+        if self._self_stop is None:
+            self._self_stop = asyncio.ensure_future(self.stop(reason))
+
+    # -- signaling ---------------------------------------------------------------------
+
+    async def _on_offer(self, msg: Mapping[str, Any]) -> list[dict[str, Any]]:
+        if self._state != "running" or self._pipeline is None or self._router is None:
+            return [_error("not_running", f"session {self.spec.id} is {self._state}")]
+        sdp = msg.get("sdp")
+        if not isinstance(sdp, str) or not sdp:
+            return [_error("bad_offer", "offer without 'sdp'")]
+        try:
+            offer = parse_offer(sdp)
+            selection = choose_backend(
+                self._probes,
+                encoder_preference=self.config.encoder_preference,
+                codec_preference=self.spec.codec,
+                peer_codecs=offer.video_codecs,
+            )
+        except OfferError as exc:
+            return [_error(exc.code, exc.detail)]
+        except NoEncoderError as exc:
+            return [_error(exc.code, str(exc))]
+        await self._drop_peer("replaced")
+        controller = StreamController(self._profile, self._ladder)
+        await self._configure_encoder(selection.backend, controller.rung, self._profile.start_bps)
+        self._encoder_bps = self._profile.start_bps
+        self._selection_reasons = selection.reasons
+        track = EncodedVideoTrack()
+        peer = ViewerPeer(
+            PeerSettings(ice_servers=self.spec.ice_servers, advertise_addresses=self.config.advertise_addresses),
+            track,
+            self._router,
+            target_bps=self._profile.start_bps,
+            on_state=self._peer_state,
+            on_channel_open=self._channel_open,
+            on_keyframe_request=self._keyframe_requested,
+        )  # ice_servers were validated by start()
+        try:
+            answer = await peer.answer(sdp, selection.backend.webrtc_codec)
+        except Exception as exc:  # boundary: a viewer's SDP must never take the session down
+            log.warning("session %s: offer rejected: %r", self.spec.id, exc)
+            await peer.close()
+            code = exc.code if isinstance(exc, OfferError) else "bad_offer"
+            return [_error(code, str(exc) or type(exc).__name__)]
+        self._peer, self._track, self._controller = peer, track, controller
+        self._pipeline.attach(track)
+        self._control_task = self._spawn(self._control_loop(peer, controller))
+        log.info("session %s: answered a viewer with %s (%s)", self.spec.id, peer.codec, selection.backend.name)
+        return [{"type": SignalType.ANSWER.value, "sdp": answer}]
+
+    async def _on_candidate(self, msg: Mapping[str, Any]) -> None:
+        if self._peer is None:
+            log.debug("session %s: candidate without a viewer connection, dropped", self.spec.id)
+            return
+        try:
+            await self._peer.add_candidate(msg)
+        except Exception as exc:  # boundary: a malformed candidate is the viewer's problem
+            log.info("session %s: bad candidate dropped: %r", self.spec.id, exc)
+
+    async def _drop_peer(self, why: str) -> None:
+        """Close the current viewer connection (caller holds the signal lock)."""
+        peer, track = self._peer, self._track
+        if peer is None:
+            return
+        self._peer = self._track = None
+        if self._keyframe_timer is not None:
+            self._keyframe_timer.cancel()
+            self._keyframe_timer = None
+        task, self._control_task = self._control_task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            await asyncio.wait({task})
+        if self._pipeline is not None and track is not None:
+            self._pipeline.detach(track)
+        was_connected, self._connected = self._connected, False
+        self._send_rate_bps = None
+        await peer.close()
+        if was_connected and self._state == "running":
+            self._emit("disconnected", {"reason": why})
+
+    def _peer_state(self, peer: ViewerPeer, state: str) -> None:
+        if peer is not self._peer or self._state != "running":
+            return
+        if state == "connected" and not self._connected:
+            self._connected = True
+            self._viewers += 1
+            self._emit("connected", {"viewer": self._viewers, "codec": peer.codec, "encoder": self._encoder_name()})
+        elif state in ("failed", "closed"):
+            task = asyncio.ensure_future(self._peer_lost(peer, state))
+            self._peer_tasks.add(task)
+            task.add_done_callback(self._peer_tasks.discard)
+
+    async def _peer_lost(self, peer: ViewerPeer, state: str) -> None:
+        async with self._signal_lock:
+            if peer is self._peer:
+                await self._drop_peer(state)
+
+    def _channel_open(self, peer: ViewerPeer) -> None:
+        if peer is self._peer and self._pending_warning is not None:
+            peer.send_event(self._pending_warning)
+
+    def _keyframe_requested(self) -> None:
+        """PLI/FIR: pass on at most one per ``keyframe_min_interval_ms``; a request inside it is deferred."""
+        self._keyframe_requests += 1
+        if self._keyframe_timer is not None:
+            return  # one deferred request is already scheduled
+        wait_s = self._last_keyframe_s + self.config.keyframe_min_interval_ms / 1000.0 - time.monotonic()
+        if wait_s <= 0:
+            self._send_keyframe()
+        else:
+            self._keyframe_timer = asyncio.get_running_loop().call_later(wait_s, self._send_keyframe)
+
+    def _repair_stall(self, stalled_ms: float | None, now_s: float) -> None:
+        """The viewer's picture froze on a frame that cannot complete: a keyframe ends it."""
+        limit_ms = self.config.stall_keyframe_ms
+        if stalled_ms is None or limit_ms <= 0 or stalled_ms < limit_ms:
+            return
+        interval_s = self.config.stall_keyframe_interval_ms / 1000.0
+        if self._stall_keyframe_s is not None and now_s - self._stall_keyframe_s < interval_s:
+            return
+        if now_s - self._last_keyframe_s < interval_s:
+            return  # a keyframe (PLI, new viewer) is already on its way
+        self._stall_keyframe_s = now_s
+        self._stall_keyframes += 1
+        log.info("session %s: viewer frozen %.0f ms with packets arriving: keyframe", self.spec.id, stalled_ms)
+        if self._keyframe_timer is None:
+            self._send_keyframe()
+
+    def _send_keyframe(self) -> None:
+        self._keyframe_timer = None
+        self._last_keyframe_s = time.monotonic()
+        if self._pipeline is not None:
+            self._pipeline.request_keyframe()
+
+    # -- control -----------------------------------------------------------------------
+
+    async def _control_loop(self, peer: ViewerPeer, controller: StreamController) -> None:
+        """Every ``stats_interval_ms``: feedback -> bitrate/ladder decisions -> encoder; stats to the viewer."""
+        interval_s = self.config.stats_interval_ms / 1000.0
+        client_every = max(1, self.config.client_stats_interval_ms // self.config.stats_interval_ms)
+        # (time, bytes sent, packets sent, packets retransmitted) over the window
+        sent: deque[tuple[float, int, int, int]] = deque([(time.monotonic(), 0, 0, peer.retransmits.sent)])
+        loss = LossWindow()
+        tick = 0
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                remote = await peer.poll_feedback()
+                now = time.monotonic()
+                # send rate over the last SEND_RATE_WINDOW_S: one period holds a few frames, and a
+                # keyframe or a frame straddling two periods makes a single period's rate swing
+                while len(sent) > 1 and sent[1][0] <= now - SEND_RATE_WINDOW_S:
+                    sent.popleft()
+                t0, b0, p0, r0 = sent[0]
+                packets = remote.packets_sent - p0
+                packet_bytes = (remote.bytes_sent - b0) / packets if packets > 0 else None
+                # aiortc's byte count leaves retransmissions out: they are counted by the limiter,
+                # at the mean packet size (a NACKed packet is as big as the others)
+                retransmitted = peer.retransmits.sent
+                rtx_bytes = (retransmitted - r0) * (packet_bytes or RTX_PACKET_BYTES)
+                send_rate = round((remote.bytes_sent - b0 + rtx_bytes) * 8 / (now - t0)) if now > t0 else None
+                self._retransmit_bps = round(rtx_bytes * 8 / (now - t0)) if now > t0 else 0
+                sent.append((now, remote.bytes_sent, remote.packets_sent, retransmitted))
+                now_ms = int(now * 1000)
+                lost = loss.fraction_lost(remote.report)
+                step = controller.update(feedback_from_remote(remote, send_rate, packet_bytes, lost), now_ms)
+                self._decisions.append(step.record(now_ms))
+                self._decision_counts[step.bitrate.reason.value] += 1
+                self._note_feedback(remote, send_rate, lost)
+                self._repair_stall(remote.probe.stalled_ms, now)
+                await self._apply(step)
+                tick += 1
+                if tick % client_every == 0:
+                    peer.send_event(self._client_stats())
+            except Exception:  # task boundary: one bad period must not end control
+                log.exception("session %s: control step failed", self.spec.id)
+
+    async def _apply(self, step: ControlStep) -> None:
+        if self._peer is not None:
+            # random loss (no queue): a retransmission goes out twice, so a lost one costs no round trip
+            self._peer.set_target(step.bitrate.target_bps, bitrate_policy.queue_free(step.bitrate.signals))
+        if self._pipeline is None:
+            return
+        encoder_bps = media_bps(step.encoder_bps, self._retransmit_bps)
+        if step.ladder.changed:
+            rung = step.ladder.rung
+            log.info(
+                "session %s: ladder %s -> %dx%d@%d (target %d bps)",
+                self.spec.id, step.ladder.reason.value, rung.width, rung.height, rung.fps, step.bitrate.target_bps,
+            )  # fmt: skip
+            await self._configure_encoder(self._pipeline.encoder.backend, rung, encoder_bps)
+            self._encoder_bps = encoder_bps
+        elif encoder_bps != self._encoder_bps:
+            log.debug(
+                "session %s: bitrate %s -> %d bps (encoder %d)",
+                self.spec.id, step.bitrate.reason.value, step.bitrate.target_bps, encoder_bps,
+            )  # fmt: skip
+            self._pipeline.set_bitrate(encoder_bps)
+            self._encoder_bps = encoder_bps
+
+    def _note_feedback(self, remote: RemoteFeedback, send_rate: int | None, fraction_lost: int | None) -> None:
+        self._send_rate_bps = send_rate
+        if remote.remb_bps is not None:
+            self._remote["remb_bps"] = remote.remb_bps
+        if remote.rtt_ms is not None:
+            self._remote["rtt_ms"] = round(remote.rtt_ms, 2)
+        if remote.report is not None:
+            self._remote["jitter_ms"] = round(bitrate_policy.jitter_ms_from_rtp(remote.report.jitter), 2)
+        if fraction_lost is not None:
+            self._remote["loss"] = round(fraction_lost / bitrate_policy.FRACTION_LOST_SCALE, 4)
+
+    def _client_stats(self) -> dict[str, Any]:
+        s = self.stats()
+        keys = (
+            "fps",
+            "bitrate_bps",
+            "target_bps",
+            "rtt_ms",
+            "probe_rtt_ms",
+            "jitter_ms",
+            "loss",
+            "encoder",
+            "codec",
+            "width",
+            "height",
+        )
+        return {"t": NodeEventType.STATS.value, **{k: s[k] for k in keys}, "encode_ms": s["encode_ms"]}
+
+    async def _configure_encoder(self, backend: Backend, rung: Rung, bitrate_bps: int) -> None:
+        """Make the pipeline encode with ``backend`` at ``rung``: a live bitrate change if it already does."""
+        assert self._pipeline is not None
+        current = self._pipeline.encoder
+        cfg = current.config
+        if current.backend == backend and (cfg.width, cfg.height, cfg.fps) == (rung.width, rung.height, rung.fps):
+            self._pipeline.set_bitrate(bitrate_bps)
+            return
+        encoder = await self._open_encoder(backend, rung, bitrate_bps)
+        if self._pipeline is None:  # stopped while the encoder opened
+            encoder.close()
+            return
+        self._pipeline.replace_encoder(encoder)
+        self._pipeline.set_fps(rung.fps)
+
+    async def _open_encoder(self, backend: Backend, rung: Rung, bitrate_bps: int) -> VideoEncoder:
+        source_format = "bgr0" if self._source is not None and self._source.backend == "x11grab" else "bgra"
+        config = EncoderConfig(rung.width, rung.height, float(rung.fps), bitrate_bps, source_format=source_format)
+        return await asyncio.to_thread(VideoEncoder, backend, config)
+
+    def _encoder_name(self) -> str | None:
+        return self._pipeline.encoder.backend.name if self._pipeline is not None else None
+
+    # -- tasks and events ----------------------------------------------------------------
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("session %s: background task failed", self.spec.id, exc_info=task.exception())
+
+    def _emit(self, name: str, info: dict[str, Any]) -> None:
+        if self._on_event is None:
+            return
+        self._events.put_nowait((name, info))
+        if self._event_task is None:
+            self._event_task = asyncio.ensure_future(self._deliver_events())
+
+    async def _deliver_events(self) -> None:
+        assert self._on_event is not None
+        while True:
+            item = await self._events.get()
+            if item is None:
+                return
+            name, info = item
+            try:
+                await self._on_event(name, info)
+            except Exception:  # task boundary: the owner's handler failed; keep delivering
+                log.exception("session %s: on_event(%r) failed", self.spec.id, name)
+
+
+def _error(code: str, detail: str) -> dict[str, Any]:
+    return {"type": SignalType.ERROR.value, "code": code, "detail": detail}

@@ -1,0 +1,306 @@
+"""The render-node agent: registration, heartbeats, broker commands, session runtimes.
+
+Talks to the broker only (REST + one WebSocket):
+- ``POST /api/v1/hosts`` registers the host's GPUs (NVML or declared);
+- ``PUT /api/v1/hosts/{id}/heartbeat`` every ``heartbeat_interval_s`` renews
+  the lease and reports GPU telemetry and per-session stream stats; the reply
+  lists sessions to start (assigned but not running here: reliable delivery
+  even if a pub/sub command was missed) and to stop (ended by the broker);
+- ``GET /api/v1/hosts/{id}/commands`` (WebSocket) pushes start/stop/warn and
+  viewer signaling; answers and candidates go back up the same socket.
+Session state goes back with ``PUT /api/v1/hosts/{id}/sessions/{sid}/state``:
+``running`` when the runtime is ready and whenever a viewer connects,
+``disconnected`` when the viewer goes away, ``ended`` when the app exits.
+A host the broker forgot (404 with ``reregister``) registers again; a host an
+admin or the autoscaler removed (410 ``host_retired``, on register or
+heartbeat) stops: the agent ends its sessions and ``run()`` returns, so a
+scaled-in node never comes back under its id before its provider stops it.
+
+Concurrency: one asyncio loop; one task per concurrent job (heartbeat loop,
+command socket loop, one start task per session).  Every session runtime is
+stopped on shutdown, so the node leaves no display or process behind.
+Invariant: at most one runtime per session id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any
+
+import aiohttp
+
+from broker.protocol import API_PREFIX, NodeCommand
+from streamer.media.session import RuntimeConfig, SessionRuntime, SessionSpec
+from streamer.node.gpus import GpuInfo, declared_inventory, probe_gpus, telemetry
+from streamer.node.settings import NodeSettings
+
+log = logging.getLogger(__name__)
+
+RETRY_MAX_S = 5.0  # backoff cap for broker reconnects
+
+
+class Retired(Exception):
+    """The broker retired this host id (HTTP 410): stop, never register again under it."""
+
+
+class NodeAgent:
+    def __init__(self, settings: NodeSettings) -> None:
+        self.s = settings
+        self.host_id = settings.resolved_host_id()
+        self.sessions: dict[str, SessionRuntime] = {}
+        self._starting: dict[str, asyncio.Task[None]] = {}
+        self.gpus: list[GpuInfo] = []
+        self._http: aiohttp.ClientSession | None = None
+        self._stop = asyncio.Event()
+        self.registered = asyncio.Event()
+        self.retired = False  # set when the broker refused this host id for good
+        self.runtime_config = RuntimeConfig(
+            advertise_addresses=tuple(settings.advertise_addresses),
+            encoder_preference=settings.encoder,
+            capture_backend=settings.capture,
+        )
+
+    # ---- plumbing ------------------------------------------------------------------------
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        assert self._http is not None
+        return self._http
+
+    def _url(self, path: str) -> str:
+        return self.s.broker_url.rstrip("/") + API_PREFIX + path
+
+    async def run(self) -> None:
+        """Run until ``stop()``: register, then heartbeat and follow commands."""
+        headers = {"Authorization": f"Bearer {self.s.node_token}"}
+        async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=15)) as http:
+            self._http = http
+            self.gpus, why = await asyncio.to_thread(probe_gpus)
+            if not self.gpus:
+                self.gpus = declared_inventory(self.s.seats)
+                log.info("%s; declaring a CPU-encode host with %d seat(s)", why, self.s.seats)
+            tasks = [
+                asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+                asyncio.create_task(self._command_loop(), name="commands"),
+            ]
+            try:
+                await self._stop.wait()
+            finally:
+                for t in tasks:
+                    t.cancel()
+                for t in tasks:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await t
+                await self.stop_all("host retired by the broker" if self.retired else "node shutting down")
+                if not self.retired:  # a retired host is already deregistered
+                    with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                        await http.delete(self._url(f"/hosts/{self.host_id}"), params={"force": "true"})
+            self._http = None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def stop_all(self, why: str) -> None:
+        for t in list(self._starting.values()):
+            t.cancel()
+        for sid in list(self.sessions):
+            await self._stop_session(sid, why, report=False)
+
+    # ---- registration and heartbeats ---------------------------------------------------------
+    async def register(self) -> None:
+        body = {
+            "id": self.host_id,
+            "pool": self.s.pool,
+            "address": self.s.address or self.host_id,
+            "gpus": [g.to_wire() for g in self.gpus],
+            "version": "render-node/0.1",
+        }
+        async with self.http.post(self._url("/hosts"), json=body) as r:
+            if r.status == 410:
+                raise Retired(await r.text())
+            if r.status != 201:
+                raise RuntimeError(f"register failed: {r.status} {await r.text()}")
+        self.registered.set()
+        log.info("registered host %s in pool %s (%d GPU/seat group(s))", self.host_id, self.s.pool, len(self.gpus))
+
+    async def _heartbeat_loop(self) -> None:
+        backoff = 0.2
+        while True:
+            try:
+                if not self.registered.is_set():
+                    await self.register()
+                await self.heartbeat()
+                backoff = 0.2
+                await asyncio.sleep(self.s.heartbeat_interval_s)
+            except asyncio.CancelledError:
+                raise
+            except Retired as exc:
+                log.warning("broker retired host %s; stopping: %s", self.host_id, exc)
+                self.retired = True
+                self.stop()
+                return
+            except Exception as exc:  # task boundary: broker away or refusing; retry with backoff
+                log.warning("heartbeat/register failed: %s (retry in %.1f s)", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, RETRY_MAX_S)
+
+    async def heartbeat(self) -> None:
+        sessions = []
+        for sid, rt in self.sessions.items():
+            st = rt.stats()
+            entry = {
+                "id": sid,
+                "state": "running" if st.get("connected") else "disconnected",
+                "last_input_ms": rt.last_input_ms,
+            }
+            for k in (
+                "fps",
+                "encode_ms",
+                "bitrate_bps",
+                "target_bps",
+                "rtt_ms",
+                "jitter_ms",
+                "loss",
+                "keyframes",
+                "encoder",
+                "width",
+                "height",
+            ):
+                if st.get(k) is not None:
+                    entry[k] = st[k]
+            sessions.append(entry)
+        body = {"gpus": await asyncio.to_thread(telemetry, [g.index for g in self.gpus]), "sessions": sessions}
+        async with self.http.put(self._url(f"/hosts/{self.host_id}/heartbeat"), json=body) as r:
+            data = await r.json()
+            if r.status == 410 and data.get("retired"):
+                raise Retired(str(data.get("detail", "host retired")))
+            if r.status == 404 and data.get("reregister"):
+                self.registered.clear()
+                raise RuntimeError("broker forgot this host; registering again")
+            if r.status != 200:
+                raise RuntimeError(f"heartbeat refused: {r.status} {data}")
+        for cmd in data.get("start", []):
+            self._start_session(cmd["session"])
+        for sid in data.get("stop", []):
+            await self._stop_session(sid, "ended by broker", report=False)
+
+    # ---- commands --------------------------------------------------------------------------
+    async def _command_loop(self) -> None:
+        backoff = 0.2
+        while True:
+            try:
+                await self.registered.wait()
+                ws_url = self._url(f"/hosts/{self.host_id}/commands").replace("http", "ws", 1)
+                async with self.http.ws_connect(
+                    ws_url, heartbeat=10.0, timeout=aiohttp.ClientWSTimeout(ws_close=5)
+                ) as ws:
+                    backoff = 0.2
+                    log.info("command socket open")
+                    async for msg in ws:
+                        if msg.type == aiohttp.WSMsgType.TEXT:
+                            await self._on_command(ws, json.loads(msg.data))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # task boundary: reconnect with backoff
+                log.warning("command socket failed: %s (retry in %.1f s)", exc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, RETRY_MAX_S)
+
+    async def _on_command(self, ws: aiohttp.ClientWebSocketResponse, cmd: dict[str, Any]) -> None:
+        kind = cmd.get("cmd")
+        if kind == NodeCommand.START:
+            self._start_session(cmd["session"])
+        elif kind == NodeCommand.STOP:
+            await self._stop_session(cmd["session_id"], cmd.get("reason", "stopped"), report=False)
+        elif kind == NodeCommand.WARN:
+            rt = self.sessions.get(cmd["session_id"])
+            if rt:
+                await rt.warn(cmd.get("code", "warning"), cmd.get("detail", ""), int(cmd.get("ends_in_s", 0)))
+        elif kind == NodeCommand.SIGNAL:
+            sid = cmd["session_id"]
+            task = self._starting.get(sid)
+            if task is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(task)  # an offer can arrive while the runtime is still starting
+            rt = self.sessions.get(sid)
+            if rt is None:
+                return
+            for reply in await rt.handle_signal(cmd["msg"]):
+                await ws.send_json({"cmd": NodeCommand.SIGNAL.value, "session_id": sid, "msg": reply})
+        elif kind == "error":
+            log.warning("broker says: %s", cmd.get("detail"))
+
+    # ---- sessions --------------------------------------------------------------------------
+    def _start_session(self, s: dict[str, Any]) -> None:
+        sid = s["id"]
+        if sid in self.sessions or sid in self._starting:
+            return
+        self._starting[sid] = asyncio.create_task(self._run_start(s), name=f"start-{sid}")
+
+    async def _run_start(self, s: dict[str, Any]) -> None:
+        sid = s["id"]
+        profile = s.get("profile") or {}
+        spec = SessionSpec(
+            id=sid,
+            kind=s.get("kind") or "desktop",
+            width=int(profile.get("width", 1280)),
+            height=int(profile.get("height", 720)),
+            fps=int(profile.get("fps", 30)),
+            codec=profile.get("codec", "auto"),
+            ice_servers=tuple(s.get("ice_servers") or ()),
+            app_command=tuple(self.s.app_command),
+            game_command=tuple(self.s.game_command),
+        )
+        rt = SessionRuntime(spec, self.runtime_config, on_event=lambda ev, info: self._on_runtime_event(sid, ev, info))
+        t0 = time.monotonic()
+        try:
+            await rt.start()
+        except Exception as exc:  # task boundary: the session fails, the node lives on
+            log.exception("session %s failed to start", sid)
+            await self._report(sid, "ended", "start_failed")
+            del self._starting[sid]
+            with contextlib.suppress(Exception):
+                await rt.stop(f"start failed: {exc}")
+            return
+        self.sessions[sid] = rt
+        del self._starting[sid]
+        log.info(
+            "session %s ready in %.0f ms (%s %dx%d@%d)",
+            sid,
+            (time.monotonic() - t0) * 1000,
+            spec.kind,
+            spec.width,
+            spec.height,
+            spec.fps,
+        )
+        await self._report(sid, "running")
+
+    async def _on_runtime_event(self, sid: str, event: str, info: dict[str, Any]) -> None:
+        if event == "connected":
+            await self._report(sid, "running")
+        elif event == "disconnected":
+            await self._report(sid, "disconnected")
+        elif event == "ended":
+            await self._stop_session(sid, info.get("reason", "app exited"), report=True)
+
+    async def _stop_session(self, sid: str, why: str, *, report: bool) -> None:
+        rt = self.sessions.pop(sid, None)
+        task = self._starting.pop(sid, None)
+        if task is not None:
+            task.cancel()
+        if rt is not None:
+            await rt.stop(why)
+            log.info("session %s stopped: %s", sid, why)
+        if report:
+            await self._report(sid, "ended", "node_ended")
+
+    async def _report(self, sid: str, state: str, reason: str = "node_ended") -> None:
+        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+            async with self.http.put(
+                self._url(f"/hosts/{self.host_id}/sessions/{sid}/state"), json={"state": state, "reason": reason}
+            ) as r:
+                if r.status >= 400:
+                    log.info("state %s for %s not accepted: %s", state, sid, await r.text())

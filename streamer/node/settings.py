@@ -1,0 +1,56 @@
+"""The render node's typed settings, loaded once in ``main()`` by ``rbcommon.settings.load``.
+
+Precedence: command line > environment (``NODE_<NAME>``) > TOML file
+(``--config`` / ``NODE_CONFIG``) > defaults.  Nothing else reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from rbcommon import settings as common
+
+opt = common.opt
+
+SUBCOMMANDS = """subcommands:
+  render-node encoders [--json]   probe this machine's encoders (really encodes a few frames each)
+  render-node [settings]          run the agent: register this host's GPUs and run the sessions the broker assigns
+"""
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    broker_url: str = opt("http://127.0.0.1:8080", "Broker base URL")
+    node_token: str = opt("", "Bearer token for node endpoints (the broker's node token)")
+    host_id: str = opt("", "This host's id (lowercase DNS label); empty = the machine's hostname")
+    pool: str = opt("desktop", "Pool this node serves")
+    address: str = opt("", "host:port shown to admins; empty = hostname")
+    advertise_addresses: list[str] = opt([], "IP addresses offered as ICE host candidates (e.g. 127.0.0.1)")
+    seats: int = opt(2, "Sessions this host runs when it has no NVML GPU (CPU-encode host)")
+    heartbeat_interval_s: float = opt(5.0, "Seconds between heartbeats (keep under a third of the lease)")
+    encoder: str = opt("auto", "Encoder preference: auto, a backend (libx264, h264_nvenc) or a codec (h264, vp8)")
+    capture: str = opt("auto", "Desktop capture backend: auto, x11grab or mss")
+    app_command: list[str] = opt(["xterm"], argv=True, help="Command a desktop session runs on its display")
+    game_command: list[str] = opt([], argv=True, help="Command a game session runs; empty = the built-in renderer")
+    log_level: str = opt("info", "Logging level")
+
+    def resolved_host_id(self) -> str:
+        raw = self.host_id or socket.gethostname().split(".")[0].lower()
+        return "".join(c if c.isalnum() or c in "-_" else "-" for c in raw)[:63] or "node"
+
+
+def parser() -> argparse.ArgumentParser:
+    """``render-node``'s argument parser: the settings, with the subcommands in the help text."""
+    return argparse.ArgumentParser(
+        prog="render-node", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SUBCOMMANDS,
+        description="Render-node agent: registers this host's GPUs with the broker and runs the sessions it "
+                    "assigns. Settings: CLI > env NODE_* > TOML file > defaults.")
+
+
+def load(argv: Sequence[str] | None, env: Mapping[str, str]) -> NodeSettings:
+    """Build the node's settings from CLI > env (``NODE_*``) > TOML file > defaults."""
+    settings, _ = common.load(NodeSettings, argv, env, "NODE_", parser())
+    return settings

@@ -1,0 +1,207 @@
+"""The frame pipeline and the encoded track, without X or WebRTC: a synthetic source, a real encoder.
+
+Checks the pipeline's invariants: packets come out as aiortc wants them (one
+per frame, 90 kHz pts, a keyframe first, decodable), nothing is grabbed while
+nobody pulls, frames are skipped before encoding when the consumer is behind,
+a new track starts with a keyframe, encoders can be swapped between frames,
+repeated failures end the thread, and ``close`` leaves no thread or open
+encoder behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from fractions import Fraction
+from typing import Any
+
+import av
+import pytest
+from aiortc.mediastreams import MediaStreamError
+
+from encoder import EncoderConfig, VideoEncoder, backend_by_name
+from encoder.pattern import moving_pattern
+from streamer.desktop.capture import CaptureError, CaptureStats, bgra_frame
+from streamer.media.track import MAX_CONSECUTIVE_FAILURES, MAX_QUEUED_FRAMES, EncodedVideoTrack, FramePipeline
+from streamer.media.track import merge_frame_packets as merge
+from tests.streamer.viewer import until
+
+pytestmark = pytest.mark.timeout(60)
+
+WIDTH, HEIGHT = 320, 240
+FPS = 50  # fast pacing keeps the tests short
+RTP_TIME_BASE = Fraction(1, 90_000)
+
+
+class PatternSource:
+    """A ``FrameSource`` of the moving test pattern; counts grabs; can be told to fail."""
+
+    backend = "pattern"
+
+    def __init__(self, width: int = WIDTH, height: int = HEIGHT) -> None:
+        self.width, self.height = width, height
+        self.grabs = 0
+        self.fail = False
+        self.closed = False
+
+    def grab(self) -> av.VideoFrame:
+        if self.fail:
+            raise CaptureError("synthetic failure")
+        frame = bgra_frame(moving_pattern(self.width, self.height, self.grabs))
+        frame.pts, frame.time_base = time.time_ns() // 1000, Fraction(1, 1_000_000)
+        self.grabs += 1
+        return frame
+
+    def stats(self) -> CaptureStats:
+        return CaptureStats(self.backend, self.grabs, 0.0, 0.0, 0.0, 0.0)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def x264(width: int = WIDTH, height: int = HEIGHT, fps: int = FPS) -> VideoEncoder:
+    return VideoEncoder(backend_by_name("libx264"), EncoderConfig(width, height, float(fps), 1_000_000, threads=1))
+
+
+async def receive(track: EncodedVideoTrack, count: int) -> list[av.Packet[Any]]:
+    return [await asyncio.wait_for(track.recv(), 10.0) for _ in range(count)]
+
+
+def decode(packets: list[av.Packet[Any]]) -> list[av.VideoFrame]:
+    decoder = av.CodecContext.create("h264", "r")
+    frames: list[av.VideoFrame] = []
+    for packet in packets:
+        frames.extend(decoder.decode(av.Packet(bytes(packet))))  # type: ignore[attr-defined]
+    return frames
+
+
+@pytest.fixture
+async def pipeline() -> Any:
+    source = PatternSource()
+    pipe = FramePipeline(source, x264(), FPS, name="rb-frames-test")
+    pipe.start()
+    yield pipe, source
+    await asyncio.to_thread(pipe.close)
+    assert not any(t.name == "rb-frames-test" for t in threading.enumerate())
+
+
+async def test_packets_are_what_aiortc_packetizes(pipeline: Any) -> None:
+    pipe, _source = pipeline
+    track = EncodedVideoTrack()
+    pipe.attach(track)
+    started = time.monotonic()
+    packets = await receive(track, 10)
+    elapsed = time.monotonic() - started
+    assert packets[0].is_keyframe
+    assert not any(p.is_keyframe for p in packets[1:])
+    assert all(p.time_base == RTP_TIME_BASE for p in packets)
+    pts = [p.pts for p in packets]
+    assert all(b > a for a, b in itertools.pairwise(pts))
+    assert elapsed >= 8 / FPS  # paced: never faster than the frame rate
+    frames = decode(packets)
+    assert len(frames) == 10
+    assert {(f.width, f.height) for f in frames} == {(WIDTH, HEIGHT)}
+
+
+async def test_nothing_is_grabbed_until_the_sender_pulls_and_backpressure_skips(pipeline: Any) -> None:
+    pipe, source = pipeline
+    track = EncodedVideoTrack()
+    pipe.attach(track)
+    await until(lambda: pipe.stats().skipped_backpressure >= 5, "ticks were not skipped")
+    assert source.grabs == 0  # attached but not pulled: no CPU spent
+    await receive(track, 1)
+    # The consumer stops pulling: at most MAX_QUEUED_FRAMES more frames are made, then ticks are skipped.
+    skipped = pipe.stats().skipped_backpressure
+    await until(lambda: pipe.stats().skipped_backpressure >= skipped + 5, "ticks were not skipped")
+    assert source.grabs <= 1 + MAX_QUEUED_FRAMES
+    assert pipe.stats().frames == source.grabs  # every encoded frame was delivered, none discarded
+
+
+async def test_a_new_track_starts_with_a_keyframe_and_requests_are_honoured(pipeline: Any) -> None:
+    pipe, _source = pipeline
+    first = EncodedVideoTrack()
+    pipe.attach(first)
+    await receive(first, 5)
+    second = EncodedVideoTrack()
+    pipe.attach(second)
+    first.stop()
+    with pytest.raises(MediaStreamError):
+        await first.recv()
+    packets = await receive(second, 3)
+    assert packets[0].is_keyframe
+    pipe.request_keyframe()
+    later = await receive(second, 3 + MAX_QUEUED_FRAMES)
+    assert any(p.is_keyframe for p in later)
+
+
+async def test_replace_encoder_and_fps_between_frames(pipeline: Any) -> None:
+    pipe, _source = pipeline
+    track = EncodedVideoTrack()
+    pipe.attach(track)
+    await receive(track, 3)
+    old = pipe.encoder
+    pipe.replace_encoder(x264(160, 120, 25))
+    pipe.set_fps(25)
+    packets = await receive(track, 4 + MAX_QUEUED_FRAMES)
+    # Up to MAX_QUEUED_FRAMES packets of the old encoder were queued; the new one starts with a keyframe.
+    first_new = max(i for i, p in enumerate(packets) if p.is_keyframe)
+    assert first_new <= MAX_QUEUED_FRAMES
+    sizes = [(f.width, f.height) for f in decode(packets[first_new:])]
+    assert sizes and set(sizes) == {(160, 120)}  # the new encoder scales the 320x240 source
+    await until(lambda: old.closed, "the old encoder was not closed by the frame thread")
+    assert pipe.stats().target_fps == 25
+    assert pipe.stats().width == 160
+
+
+async def test_repeated_failures_end_the_thread_and_report_once() -> None:
+    source = PatternSource()
+    source.fail = True
+    failures: list[BaseException] = []
+    pipe = FramePipeline(source, x264(), 200, name="rb-frames-failing", on_failure=failures.append)
+    pipe.start()
+    track = EncodedVideoTrack()
+    pipe.attach(track)
+    receiver = asyncio.ensure_future(track.recv())  # the sender pulls
+    await until(lambda: bool(failures), "on_failure was not called")
+    await until(lambda: not any(t.name == "rb-frames-failing" for t in threading.enumerate()), "thread alive")
+    assert len(failures) == 1 and isinstance(failures[0], CaptureError)
+    assert pipe.stats().failures == MAX_CONSECUTIVE_FAILURES
+    track.stop()
+    with pytest.raises(MediaStreamError):
+        await receiver
+    await asyncio.to_thread(pipe.close)
+    assert pipe.encoder.closed
+
+
+async def test_close_is_idempotent_and_closes_pending_encoders() -> None:
+    pipe = FramePipeline(PatternSource(), x264(), FPS, name="rb-frames-close")
+    pipe.start()
+    pending = x264(160, 120)
+    current = pipe.encoder
+    pipe.replace_encoder(pending)
+    await asyncio.to_thread(pipe.close)
+    await asyncio.to_thread(pipe.close)
+    assert current.closed and pending.closed
+    assert not any(t.name == "rb-frames-close" for t in threading.enumerate())
+    with pytest.raises(RuntimeError):
+        pipe.replace_encoder(x264())
+
+
+def test_merge_frame_packets() -> None:
+    assert merge([]) is None
+    one = av.Packet(b"\x00\x00\x00\x01\x65")
+    assert merge([one]) is one
+    a, b = av.Packet(b"\x00\x00\x00\x01\x67"), av.Packet(b"\x00\x00\x00\x01\x65")
+    a.pts, a.time_base, b.pts, b.time_base = 90, RTP_TIME_BASE, 90, RTP_TIME_BASE
+    b.is_keyframe = True
+    merged = merge([a, b])
+    assert merged is not None
+    assert bytes(merged) == bytes(a) + bytes(b)
+    assert merged.pts == 90 and merged.time_base == RTP_TIME_BASE and merged.is_keyframe
+
+
+def test_fps_bounds() -> None:
+    with pytest.raises(ValueError):
+        FramePipeline(PatternSource(), x264(), 0, name="x")
