@@ -81,6 +81,9 @@ class Backend:
     yuv_matrix: str  # "bt709" | "bt601": RGB->YUV matrix, written to the VUI where the codec has one
     h264_level: bool = False  # add a computed H.264 level
     description: str = ""
+    # FFmpeg option that picks the GPU the encoder opens on ("gpu" for NVENC: the CUDA device
+    # ordinal); empty for software encoders, which have no device.
+    device_option: str = ""
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ BACKENDS: tuple[Backend, ...] = (
         pix_fmts=_NVENC_PIX_FMTS,
         options=(*_NVENC_COMMON, ("profile", "baseline"), ("coder", "cavlc")),
         rate_style="nvenc",
+        device_option="gpu",
         bitrate_change=BitrateChange.LIVE_IDR,  # FFmpeg's nvenc reconfig sets forceIDR
         headroom=1.0,
         rate_factor=1.0,
@@ -135,6 +139,7 @@ BACKENDS: tuple[Backend, ...] = (
         pix_fmts=_NVENC_PIX_FMTS,
         options=(*_NVENC_COMMON, ("profile", "main")),
         rate_style="nvenc",
+        device_option="gpu",
         bitrate_change=BitrateChange.LIVE_IDR,
         headroom=1.0,
         rate_factor=1.0,
@@ -150,6 +155,7 @@ BACKENDS: tuple[Backend, ...] = (
         pix_fmts=_NVENC_PIX_FMTS,
         options=_NVENC_COMMON,
         rate_style="nvenc",
+        device_option="gpu",
         bitrate_change=BitrateChange.LIVE_IDR,
         headroom=1.0,
         rate_factor=1.0,
@@ -250,14 +256,22 @@ def h264_level(width: int, height: int, fps: float, maxrate_bps: int = 0) -> str
     return _H264_LEVELS[-1][0]
 
 
-def codec_options(backend: Backend, rate: RateControl, width: int, height: int, threads: int) -> dict[str, str]:
+def codec_options(
+    backend: Backend, rate: RateControl, width: int, height: int, threads: int, gpu: int | None = None
+) -> dict[str, str]:
     """The FFmpeg option dictionary ``backend`` is opened with.
 
     Static options, then the rate-control options of the backend's style,
-    the thread count and (H.264) the level. Bitrate itself is set on the
-    context (``ctx.bit_rate``) so it can later change live.
+    the thread count, (H.264) the level and, for a hardware backend given a
+    ``gpu`` (CUDA device ordinal), the option that opens it on that GPU.
+    Bitrate itself is set on the context (``ctx.bit_rate``) so it can later
+    change live.
     """
     opts = dict(backend.options)
+    if gpu is not None and backend.device_option:
+        if gpu < 0:
+            raise ValueError(f"gpu must be >= 0, got {gpu}")
+        opts[backend.device_option] = str(gpu)
     if backend.rate_style == "x264":
         # maxrate == bit_rate (CBR-like) and a sub-frame bufsize: see ratecontrol's docstring.
         opts["maxrate"] = str(rate.open_bitrate_bps)

@@ -60,7 +60,7 @@ _NAL_PPS = 8
 _PROFILE_BASELINE = 66
 _CONSTRAINT_SET1 = 0x40
 
-ProbeKey = tuple[tuple[Backend, ...], int, int]
+ProbeKey = tuple[tuple[Backend, ...], int, int, int | None]
 
 
 class ProbeCache:
@@ -99,11 +99,15 @@ def probe_all(
     width: int = PROBE_WIDTH,
     height: int = PROBE_HEIGHT,
     refresh: bool = False,
+    gpu: int | None = None,
 ) -> tuple[ProbeResult, ...]:
-    """Probe every backend (cached per process). Blocking: not on the event loop."""
+    """Probe every backend (cached per process and GPU). Blocking: not on the event loop.
+
+    ``gpu`` (CUDA ordinal) opens hardware backends on that GPU: NVENC working on GPU 0 says
+    nothing about GPU 3 (another model, or its encoder sessions used up)."""
     return _CACHE.get_or_probe(
-        (tuple(backends), width, height),
-        lambda: tuple(probe_backend(b, width=width, height=height) for b in backends),
+        (tuple(backends), width, height, gpu),
+        lambda: tuple(probe_backend(b, width=width, height=height, gpu=gpu) for b in backends),
         refresh=refresh,
     )
 
@@ -115,10 +119,11 @@ async def probe_all_async(
     height: int = PROBE_HEIGHT,
     refresh: bool = False,
     executor: Executor | None = None,
+    gpu: int | None = None,
 ) -> tuple[ProbeResult, ...]:
     """``probe_all`` in an executor (default: the loop's thread pool)."""
     loop = asyncio.get_running_loop()
-    call = functools.partial(probe_all, tuple(backends), width=width, height=height, refresh=refresh)
+    call = functools.partial(probe_all, tuple(backends), width=width, height=height, refresh=refresh, gpu=gpu)
     return await loop.run_in_executor(executor, call)
 
 
@@ -133,7 +138,8 @@ def check_options(backend: Backend, width: int = PROBE_WIDTH, height: int = PROB
     known = {o.name: o for o in (*declared.generic, *declared.private)}
     rate = open_rate_control(PROBE_BITRATE_BPS, PROBE_FPS, backend.headroom, backend.rate_factor)
     problems = []
-    for name, value in codec_options(backend, rate, width, height, threads=1).items():
+    # gpu=0: a hardware backend's device option is checked too
+    for name, value in codec_options(backend, rate, width, height, threads=1, gpu=0).items():
         option = known.get(name)
         if option is None:
             problems.append(f"unknown option {name!r}")
@@ -211,8 +217,11 @@ def _decoded_frames(backend: Backend, per_frame: list[list[av.Packet[Any]]], wid
     return None
 
 
-def probe_backend(backend: Backend, *, width: int = PROBE_WIDTH, height: int = PROBE_HEIGHT) -> ProbeResult:
-    """Open ``backend`` and encode ``PROBE_FRAMES`` frames. Blocking."""
+def probe_backend(
+    backend: Backend, *, width: int = PROBE_WIDTH, height: int = PROBE_HEIGHT, gpu: int | None = None
+) -> ProbeResult:
+    """Open ``backend`` (on GPU ``gpu`` where it is a hardware encoder) and encode ``PROBE_FRAMES``
+    frames. Blocking."""
     start = time.perf_counter()
 
     def result(ok: bool, reason: str, profile: str | None = None) -> ProbeResult:
@@ -221,7 +230,7 @@ def probe_backend(backend: Backend, *, width: int = PROBE_WIDTH, height: int = P
     problems = check_options(backend, width, height)
     if problems:
         return result(False, "; ".join(problems))
-    config = EncoderConfig(width, height, PROBE_FPS, PROBE_BITRATE_BPS, threads=1)
+    config = EncoderConfig(width, height, PROBE_FPS, PROBE_BITRATE_BPS, threads=1, gpu=gpu)
     per_frame: list[list[av.Packet[Any]]] = []
     with capture_ffmpeg_errors() as logs:
         try:

@@ -122,6 +122,7 @@ class EncoderConfig:
     threads: int | None = None  # encoder threads; None -> 1 up to 720p, 2 above
     source_format: str = "bgra"  # pixel format capture delivers; NVENC takes it as is if it can
     fast_convert: bool = False  # point-sampled chroma in RGB->YUV: ~25% cheaper, slightly softer colour
+    gpu: int | None = None  # GPU (CUDA ordinal) a hardware encoder opens on; software encoders ignore it
 
     def __post_init__(self) -> None:
         if self.width < 16 or self.height < 16 or self.width % 2 or self.height % 2:
@@ -287,7 +288,7 @@ class VideoEncoder:
 
     def _open(self, rate: RateControl) -> VideoCodecContext:
         cfg = self._config
-        options = codec_options(self._backend, rate, cfg.width, cfg.height, self._threads)
+        options = codec_options(self._backend, rate, cfg.width, cfg.height, self._threads, cfg.gpu)
         ctx = cast(VideoCodecContext, av.CodecContext.create(self._backend.codec, "w"))
         ctx.width = cfg.width
         ctx.height = cfg.height

@@ -105,6 +105,24 @@ class DisplayError(Exception):
     """The display could not be started or changed; the message says why."""
 
 
+# NVIDIA's GLX vendor library: glvnd dispatches GL calls of X clients to it instead of Mesa, so
+# an OpenGL app inside Xvfb renders on the NVIDIA GPU (see docs/gpu.md for what was measured).
+GLX_VENDOR_NVIDIA: Final = "nvidia"
+
+
+def gpu_render_env(base: Mapping[str, str], gpu: int) -> dict[str, str]:
+    """The environment of a session's apps so they render and compute on GPU ``gpu`` (NVML index).
+
+    ``__GLX_VENDOR_LIBRARY_NAME`` sends GLX to NVIDIA's library; ``CUDA_VISIBLE_DEVICES`` leaves the
+    app only its own card for CUDA (and an in-app NVENC) work; ``RB_GPU_INDEX`` names the card for
+    our own EGL code.  Pure: returns a new mapping.
+    """
+    if gpu < 0:
+        raise ValueError(f"gpu must be >= 0, got {gpu}")
+    return {**base, "__GLX_VENDOR_LIBRARY_NAME": GLX_VENDOR_NVIDIA, "CUDA_VISIBLE_DEVICES": str(gpu),
+            "RB_GPU_INDEX": str(gpu)}
+
+
 @dataclass(frozen=True, slots=True)
 class DisplayConfig:
     """What to start.  Sizes in pixels; timeouts in seconds."""

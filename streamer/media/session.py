@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -78,7 +79,7 @@ from streamer.abr.control import (
 )
 from streamer.abr.ladder import Rung
 from streamer.desktop.capture import FrameSource, open_capture
-from streamer.desktop.display import DisplayConfig, VirtualDisplay
+from streamer.desktop.display import DisplayConfig, VirtualDisplay, gpu_render_env
 from streamer.desktop.game import Game
 from streamer.desktop.inputsink import GameSource, InputRouter, XInputSink, wall_clock_ms
 from streamer.media.peer import OfferError, PeerSettings, RemoteFeedback, ViewerPeer, parse_offer, rtc_configuration
@@ -91,6 +92,7 @@ CAPTURE_BACKENDS: Final = frozenset({"auto", "x11grab", "mss"})
 MAX_WIDTH_PX: Final = 7680
 MAX_HEIGHT_PX: Final = 4320
 MIN_SIZE_PX: Final = 64
+MAX_GPUS: Final = 64  # GPU indexes 0..63, as the broker's host schema allows
 EVENT_DRAIN_TIMEOUT_S: Final = 10.0  # stop() waits this long for queued events to be delivered
 # the send rate the controller gets is averaged over this long: the window its rate match divides by
 SEND_RATE_WINDOW_S: Final = RATE_MATCH_WINDOW_MS / 1000
@@ -117,10 +119,13 @@ class SessionSpec:
     ice_servers: tuple[dict[str, Any], ...] = ()  # [{"urls": [...], "username": ..., "credential": ...}]
     app_command: tuple[str, ...] = ("xterm",)  # desktop app
     game_command: tuple[str, ...] = ()  # empty: the built-in game renderer
+    gpu: int | None = None  # GPU (NVML index) the broker seated it on; None: a CPU-encode host's pseudo-GPU
 
     def __post_init__(self) -> None:
         if not self.id:
             raise ValueError("session id must not be empty")
+        if self.gpu is not None and not 0 <= self.gpu < MAX_GPUS:
+            raise ValueError(f"gpu must be within 0..{MAX_GPUS - 1}, got {self.gpu}")
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {sorted(KINDS)}, got {self.kind!r}")
         if not (MIN_SIZE_PX <= self.width <= MAX_WIDTH_PX and MIN_SIZE_PX <= self.height <= MAX_HEIGHT_PX):
@@ -140,6 +145,9 @@ class RuntimeConfig:
     advertise_addresses: tuple[str, ...] = ()  # host candidates to offer; empty: aioice's interface list
     encoder_preference: str = "auto"  # auto, a backend name (libx264, h264_nvenc) or a codec
     capture_backend: str = "auto"  # auto | x11grab | mss
+    # The host has an NVIDIA driver (NVML found its GPUs): a session's apps render on its GPU with
+    # NVIDIA's GLX and its hardware encoder opens there.  False on CPU-encode hosts.
+    gpu_render: bool = False
     bitrate_profile: BitrateProfile | None = None  # None: streamer.abr.bitrate's desktop/game profile by kind
     # feedback -> bitrate/ladder decision period.  100, not 200: a ramp's overshoot shows in the
     # probes a period sooner (ABR lab: at 200 ms the second high probe came with the queue at
@@ -463,7 +471,9 @@ class SessionRuntime:
             self._source, self._sink = game, game
         else:
             app = spec.app_command if spec.kind == PoolKind.DESKTOP.value else spec.game_command
-            self._display = VirtualDisplay(DisplayConfig(width=spec.width, height=spec.height, app=app or None))
+            env = gpu_render_env(os.environ, spec.gpu) if self._on_gpu() and spec.gpu is not None else None
+            self._display = VirtualDisplay(DisplayConfig(width=spec.width, height=spec.height, app=app or None,
+                                                         env=env))
             await self._display.start()
             backend = cast(Literal["auto", "x11grab", "mss"], self.config.capture_backend)
             self._source = await asyncio.to_thread(
@@ -473,7 +483,7 @@ class SessionRuntime:
             if app:
                 self._spawn(self._watch_app(self._display))
         self._router = InputRouter(self._sink)
-        self._probes = await probe_all_async(SENDABLE_BACKENDS)
+        self._probes = await probe_all_async(SENDABLE_BACKENDS, gpu=self._encoder_gpu())
         selection = choose_backend(
             self._probes,
             encoder_preference=self.config.encoder_preference,
@@ -790,8 +800,16 @@ class SessionRuntime:
 
     async def _open_encoder(self, backend: Backend, rung: Rung, bitrate_bps: int) -> VideoEncoder:
         source_format = "bgr0" if self._source is not None and self._source.backend == "x11grab" else "bgra"
-        config = EncoderConfig(rung.width, rung.height, float(rung.fps), bitrate_bps, source_format=source_format)
+        config = EncoderConfig(rung.width, rung.height, float(rung.fps), bitrate_bps, source_format=source_format,
+                               gpu=self._encoder_gpu())
         return await asyncio.to_thread(VideoEncoder, backend, config)
+
+    def _on_gpu(self) -> bool:
+        return self.config.gpu_render and self.spec.gpu is not None
+
+    def _encoder_gpu(self) -> int | None:
+        """The GPU a hardware encoder opens on: the seat's, on a host with NVIDIA GPUs."""
+        return self.spec.gpu if self._on_gpu() else None
 
     def _encoder_name(self) -> str | None:
         return self._pipeline.encoder.backend.name if self._pipeline is not None else None

@@ -100,3 +100,19 @@ def test_lookup_and_threads():
         backend_by_name("openh264")
     assert auto_threads(1280, 720) == 1
     assert auto_threads(1920, 1080) == 2
+
+
+def test_hardware_backends_open_on_the_seated_gpu():
+    """NVENC gets FFmpeg's ``gpu`` option (the CUDA ordinal) so a session encodes on its own card;
+    software encoders have no device and get no such option."""
+    for b in BACKENDS:
+        rate = open_rate_control(4_000_000, 60.0, b.headroom, b.rate_factor)
+        opts = codec_options(b, rate, 1920, 1080, threads=1, gpu=3)
+        if b.hardware:
+            assert opts["gpu"] == "3", b.name
+            assert "gpu" not in codec_options(b, rate, 1920, 1080, threads=1), b.name
+        else:
+            assert "gpu" not in opts, b.name
+    nvenc = backend_by_name("h264_nvenc")
+    with pytest.raises(ValueError, match="gpu"):
+        codec_options(nvenc, open_rate_control(4_000_000, 60.0, 1.0, 1.0), 1280, 720, threads=1, gpu=-1)

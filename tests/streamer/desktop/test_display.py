@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from Xlib import display as xdisplay
 
-from streamer.desktop.display import DisplayConfig, DisplayError, VirtualDisplay
+from streamer.desktop.display import DisplayConfig, DisplayError, VirtualDisplay, gpu_render_env
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("Xvfb") is None, reason="Xvfb is not installed (Debian package xvfb)"),
@@ -197,3 +197,13 @@ async def test_resize_within_framebuffer() -> None:
         with pytest.raises(DisplayError, match="framebuffer"):
             await display.resize(1920, 1080)
         assert _root_size(display.name) == (640, 360)
+
+
+def test_gpu_render_env_points_gl_and_cuda_at_one_gpu() -> None:
+    base = {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    env = gpu_render_env(base, 2)
+    assert env == {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "2", "__GLX_VENDOR_LIBRARY_NAME": "nvidia",
+                   "RB_GPU_INDEX": "2"}
+    assert base["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"  # the node's own environment is left alone
+    with pytest.raises(ValueError):
+        gpu_render_env(base, -1)

@@ -402,6 +402,36 @@ def test_spec_validation() -> None:
         SessionSpec(id="x", kind="game", width=640, height=360, fps=30, codec="av1")
     with pytest.raises(ValueError):
         RuntimeConfig(capture_backend="gdi")
+    with pytest.raises(ValueError, match="gpu"):
+        SessionSpec(id="x", kind="game", width=640, height=360, fps=30, gpu=-1)
+    with pytest.raises(ValueError, match="gpu"):
+        SessionSpec(id="x", kind="game", width=640, height=360, fps=30, gpu=64)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+
+@needs_desktop
+@pytest.mark.parametrize("gpu_render", [True, False])
+async def test_a_desktop_app_runs_on_the_seated_gpu_only_on_a_gpu_host(gpu_render: bool) -> None:
+    """On a host with NVIDIA GPUs the app gets NVIDIA's GLX and only its seat's GPU; a CPU host's
+    pseudo-GPU changes nothing (its apps keep Mesa)."""
+    spec = SessionSpec(id=f"desk-gpu-{gpu_render}", kind="desktop", width=320, height=240, fps=30,
+                       app_command=("sleep", "30"), gpu=3)
+    config = RuntimeConfig(advertise_addresses=("127.0.0.1",), gpu_render=gpu_render)
+    runtime = SessionRuntime(spec, config, on_event=Events())
+    await runtime.start()
+    try:
+        env = _environ(runtime.pids["app"])
+    finally:
+        await runtime.stop()
+    if gpu_render:
+        assert (env["__GLX_VENDOR_LIBRARY_NAME"], env["CUDA_VISIBLE_DEVICES"], env["RB_GPU_INDEX"]) == (
+            "nvidia", "3", "3")
+    else:
+        assert "RB_GPU_INDEX" not in env and env.get("__GLX_VENDOR_LIBRARY_NAME") != "nvidia"
 
 
 # --- desktops on Xvfb --------------------------------------------------------------------------------
