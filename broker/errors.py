@@ -2,7 +2,7 @@
 
 Every failure a client can cause or observe is one of these classes.  They carry
 an HTTP status *hint* and an optional ``field`` naming the offending input, but
-import nothing from aiohttp: ``broker.middleware`` is the one place that maps
+import nothing from aiohttp: ``broker.app``'s problem middleware is the one place that maps
 them to responses (RFC 9457 problem bodies).
 
 Invariant: ``code`` strings are stable API; clients may switch on them.

@@ -1,6 +1,6 @@
 """Seat counting and host placement: the pure policy behind seating.
 
-The authoritative seating step runs inside Redis (``store/scripts/seat.lua``)
+The authoritative seating step runs inside Redis (``store/lua/create_session.lua`` with ``prelude.lua``)
 so replicas cannot over-seat; this module is the same policy written in Python
 for the autoscaler, the simulator and the dashboard's capacity figures, and a
 table test checks both agree on the same inputs.

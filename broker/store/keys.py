@@ -1,7 +1,7 @@
 """Every Redis key pattern, pub/sub channel and TTL the broker uses.
 
 The Lua scripts build the same keys from the prefix passed as ``ARGV[1]``
-(see ``lua/prelude.lua``); ``tests/broker/test_store.py`` checks the two agree
+(see ``lua/prelude.lua``); the integration tests (``tests/broker``) check the two agree
 by reading keys the scripts wrote through this module.
 
 Key map (``P`` is the prefix, default ``rb``)::
