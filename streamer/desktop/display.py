@@ -105,6 +105,20 @@ class DisplayError(Exception):
     """The display could not be started or changed; the message says why."""
 
 
+# What a session's apps may inherit from the node's environment.  An allowlist, not a denylist:
+# the node runs with its broker token (and, under scripts/run.sh, the admin token) in its
+# environment, and a user's desktop must never be able to print them.
+APP_ENV_NAMES: Final = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ",
+                                  "TMPDIR", "LD_LIBRARY_PATH"})
+APP_ENV_PREFIXES: Final = ("LC_", "XDG_", "__GL", "__EGL", "__NV", "VK_", "MESA_", "LIBGL_", "PULSE_", "PIPEWIRE_")
+
+
+def app_env(base: Mapping[str, str]) -> dict[str, str]:
+    """The part of ``base`` a session's apps inherit: locale, paths and graphics/audio driver settings,
+    never the node's tokens or settings (``NODE_*``, ``BROKER_*``).  Pure."""
+    return {k: v for k, v in base.items() if k in APP_ENV_NAMES or k.startswith(APP_ENV_PREFIXES)}
+
+
 # NVIDIA's GLX vendor library: glvnd dispatches GL calls of X clients to it instead of Mesa, so
 # an OpenGL app inside Xvfb renders on the NVIDIA GPU (see docs/gpu.md for what was measured).
 GLX_VENDOR_NVIDIA: Final = "nvidia"

@@ -79,7 +79,7 @@ from streamer.abr.control import (
 )
 from streamer.abr.ladder import Rung
 from streamer.desktop.capture import FrameSource, open_capture
-from streamer.desktop.display import DisplayConfig, VirtualDisplay, gpu_render_env
+from streamer.desktop.display import DisplayConfig, VirtualDisplay, app_env, gpu_render_env
 from streamer.desktop.game import Game
 from streamer.desktop.inputsink import GameSource, InputRouter, XInputSink, wall_clock_ms
 from streamer.media.peer import OfferError, PeerSettings, RemoteFeedback, ViewerPeer, parse_offer, rtc_configuration
@@ -471,7 +471,9 @@ class SessionRuntime:
             self._source, self._sink = game, game
         else:
             app = spec.app_command if spec.kind == PoolKind.DESKTOP.value else spec.game_command
-            env = gpu_render_env(os.environ, spec.gpu) if self._on_gpu() and spec.gpu is not None else None
+            env = app_env(os.environ)  # the node's tokens stay out of the user's desktop
+            if self._on_gpu() and spec.gpu is not None:
+                env = gpu_render_env(env, spec.gpu)
             self._display = VirtualDisplay(DisplayConfig(width=spec.width, height=spec.height, app=app or None,
                                                          env=env))
             await self._display.start()

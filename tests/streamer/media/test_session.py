@@ -415,9 +415,14 @@ def _environ(pid: int) -> dict[str, str]:
 
 @needs_desktop
 @pytest.mark.parametrize("gpu_render", [True, False])
-async def test_a_desktop_app_runs_on_the_seated_gpu_only_on_a_gpu_host(gpu_render: bool) -> None:
+async def test_a_desktop_app_runs_on_the_seated_gpu_only_on_a_gpu_host(
+    gpu_render: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On a host with NVIDIA GPUs the app gets NVIDIA's GLX and only its seat's GPU; a CPU host's
-    pseudo-GPU changes nothing (its apps keep Mesa)."""
+    pseudo-GPU changes nothing (its apps keep Mesa).  The node's tokens never reach the app."""
+    monkeypatch.setenv("NODE_NODE_TOKEN", "node-secret")
+    monkeypatch.setenv("BROKER_ADMIN_TOKEN", "admin-secret")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
     spec = SessionSpec(id=f"desk-gpu-{gpu_render}", kind="desktop", width=320, height=240, fps=30,
                        app_command=("sleep", "30"), gpu=3)
     config = RuntimeConfig(advertise_addresses=("127.0.0.1",), gpu_render=gpu_render)
@@ -427,6 +432,8 @@ async def test_a_desktop_app_runs_on_the_seated_gpu_only_on_a_gpu_host(gpu_rende
         env = _environ(runtime.pids["app"])
     finally:
         await runtime.stop()
+    assert "node-secret" not in env.values() and "admin-secret" not in env.values()
+    assert env["LC_ALL"] == "C.UTF-8" and env["PATH"] and env["DISPLAY"]
     if gpu_render:
         assert (env["__GLX_VENDOR_LIBRARY_NAME"], env["CUDA_VISIBLE_DEVICES"], env["RB_GPU_INDEX"]) == (
             "nvidia", "3", "3")
