@@ -1,8 +1,17 @@
 """Prometheus metrics for one broker process (a per-app registry, no globals).
 
-Gauges of live state (sessions by pool and state, queue lengths, seats) are
-refreshed from Redis at scrape time, so every replica reports the same cluster
-view; counters and the allocation latency histogram are per process.
+Gauges of live state (sessions by pool and state, queue lengths, seats, per-GPU
+telemetry) are refreshed from Redis at scrape time, so every replica reports the
+same cluster view; counters and the allocation latency histogram are per process.
+
+Per-GPU gauges (labels pool, host, gpu) come from each host's last heartbeat; a
+field the node reported as null (NVML could not read it) is not exported, and a
+host whose lease has expired exports no telemetry (its last figures are stale).
+``render_broker_gpu_software_encode`` and ``render_broker_gpu_vram_total_bytes``
+come from the registration too, so they exist for every registered GPU.
+
+Concurrency: ``update_*`` are synchronous (clear, then set) and run on the event
+loop, so two scrapes never interleave their updates.
 """
 
 from __future__ import annotations
@@ -12,6 +21,22 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+BYTES_PER_MIB = 1024 * 1024
+US_PER_S = 1_000_000.0
+GPU_LABELS = ["pool", "host", "gpu"]
+
+# heartbeat field -> (metric name, help, scale to the metric's unit)
+GPU_GAUGES: dict[str, tuple[str, str, float]] = {
+    "utilization": ("render_broker_gpu_utilization_percent", "GPU utilization, percent", 1.0),
+    "vram_used_mb": ("render_broker_gpu_vram_used_bytes", "GPU memory in use, bytes", BYTES_PER_MIB),
+    "encoder_utilization": ("render_broker_gpu_encoder_utilization_percent", "NVENC utilization, percent", 1.0),
+    "encoder_sessions": ("render_broker_gpu_encoder_sessions", "Active NVENC sessions", 1.0),
+    "encoder_fps": ("render_broker_gpu_encoder_fps", "Average fps over active NVENC sessions", 1.0),
+    "encoder_latency_us": ("render_broker_gpu_encoder_latency_seconds",
+                           "Average NVENC encode latency over active sessions, seconds", 1.0 / US_PER_S),
+    "temperature_c": ("render_broker_gpu_temperature_celsius", "GPU temperature, degrees Celsius", 1.0),
+    "power_w": ("render_broker_gpu_power_watts", "GPU board power draw, watts", 1.0),
+}
 
 
 class Metrics:
@@ -33,6 +58,16 @@ class Metrics:
                                      ["method", "status"], registry=r)
         self.stream = Gauge("render_broker_stream", "Per-session stream stats reported by nodes",
                             ["pool", "session", "stat"], registry=r)
+        self.gpu = {f: Gauge(name, doc, GPU_LABELS, registry=r) for f, (name, doc, _scale) in GPU_GAUGES.items()}
+        self.gpu_vram_total = Gauge("render_broker_gpu_vram_total_bytes",
+                                    "GPU memory, bytes (NVML's figure, else the registered size)", GPU_LABELS,
+                                    registry=r)
+        self.gpu_throttled = Gauge("render_broker_gpu_throttled",
+                                   "1 per active NVML clock-event (throttle) reason", [*GPU_LABELS, "reason"],
+                                   registry=r)
+        self.gpu_software = Gauge("render_broker_gpu_software_encode",
+                                  "1 when the host registered this GPU to encode in software, 0 for NVENC",
+                                  GPU_LABELS, registry=r)
 
     def update_pools(self, pools: list[dict[str, Any]]) -> None:
         for g in (self.sessions, self.queue, self.seats_used, self.seats_total, self.hosts):
@@ -55,6 +90,28 @@ class Metrics:
                              "keyframes"):
                     if s.get(stat) is not None:
                         self.stream.labels(h["pool"], s["id"], stat).set(s[stat])
+
+    def update_gpus(self, hosts: list[dict[str, Any]]) -> None:
+        """Per-GPU gauges from host records (``LiveStore.get_hosts``): registration and last telemetry."""
+        gauges = [*self.gpu.values(), self.gpu_vram_total, self.gpu_throttled, self.gpu_software]
+        for g in gauges:
+            g.clear()
+        for h in hosts:
+            pool, host = h.get("pool") or "", h["id"]
+            tel = (h.get("telemetry") or {}) if h.get("alive") else {}
+            by_index = {t["index"]: t for t in tel.get("gpus", [])}
+            for gpu in h.get("gpus", []):
+                labels = (pool, host, str(gpu["index"]))
+                self.gpu_software.labels(*labels).set(1 if gpu.get("encode") == "software" else 0)
+                t = by_index.get(gpu["index"], {})
+                total_mb = t.get("vram_total_mb")
+                self.gpu_vram_total.labels(*labels).set((gpu["vram_mb"] if total_mb is None else total_mb)
+                                                        * BYTES_PER_MIB)
+                for f, (_name, _doc, scale) in GPU_GAUGES.items():
+                    if t.get(f) is not None:
+                        self.gpu[f].labels(*labels).set(t[f] * scale)
+                for reason in t.get("throttle_reasons") or []:
+                    self.gpu_throttled.labels(*labels, reason).set(1)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -26,6 +26,8 @@ MAX_HEIGHT_PX: Final = 4320
 MAX_FPS: Final = 240
 DAY_S: Final = 86_400
 CODECS: Final = ("auto", "h264", "vp8", "hevc", "av1")
+ENCODE_MODES: Final = ("nvenc", "software")  # how a registered GPU encodes
+THROTTLE_REASON_MAX_LEN: Final = 32  # short names such as "hw_thermal" (streamer/node/gpus.py)
 
 
 def check_name(value: str, field: str) -> str:
@@ -95,7 +97,10 @@ GPU_SCHEMA: Final = {
     "vram_mb": Field("int", required=True, minimum=1, maximum=1_048_576),
     "encoder_session_limit": Field("int", nullable=True, minimum=0, maximum=1024,
                                    description="NVENC concurrent session limit; null = unlimited"),
-    "nvenc": Field("bool", default=False),
+    "nvenc": Field("bool", default=False, description="True when an NVENC probe really encoded on this GPU"),
+    "encode": Field("str", nullable=True, choices=ENCODE_MODES,
+                    description="How this GPU's sessions encode; null (older nodes) = nvenc if nvenc else software"),
+    "reason": Field("str", default="", max_length=200, description="Why the node registered it so (for operators)"),
 }
 
 HOST_SCHEMA: Final = {
@@ -129,9 +134,17 @@ GPU_TELEMETRY_SCHEMA: Final = {
     "utilization": Field("number", nullable=True, minimum=0, maximum=100),
     "vram_used_mb": Field("number", nullable=True, minimum=0),
     "encoder_utilization": Field("number", nullable=True, minimum=0, maximum=100),
+    "vram_total_mb": Field("number", nullable=True, minimum=0),
     "encoder_sessions": Field("int", nullable=True, minimum=0),
+    "encoder_fps": Field("number", nullable=True, minimum=0, maximum=100_000,
+                         description="Average fps over the GPU's active encoder sessions"),
+    "encoder_latency_us": Field("number", nullable=True, minimum=0,
+                                description="Average encode latency over active sessions, microseconds"),
     "temperature_c": Field("number", nullable=True, minimum=-50, maximum=150),
     "power_w": Field("number", nullable=True, minimum=0, maximum=5000),
+    "throttle_reasons": Field("array", nullable=True, max_items=16,
+                              items=Field("str", max_length=THROTTLE_REASON_MAX_LEN),
+                              description="Active NVML clock-event (throttle) reasons, short names"),
 }
 
 HEARTBEAT_SCHEMA: Final = {
@@ -166,11 +179,15 @@ TOKEN_SCHEMA: Final = {
 
 @dataclass(frozen=True)
 class Gpu:
+    """A registered GPU (or CPU seat group); ``encode`` says whether its sessions use NVENC or software."""
+
     index: int
     vram_mb: int
     model: str = "unknown"
     encoder_session_limit: int | None = None
     nvenc: bool = False
+    encode: str = "software"  # one of ENCODE_MODES
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -194,6 +211,12 @@ def parse_host(body: Any) -> tuple[dict[str, Any], list[Gpu]]:
     data = validate(body, HOST_SCHEMA)
     check_name(data["id"], "id")
     check_name(data["pool"], "pool")
+    for i, g in enumerate(data["gpus"]):
+        if g["encode"] is None:  # nodes from before "encode" existed
+            g["encode"] = "nvenc" if g["nvenc"] else "software"
+        elif g["encode"] == "nvenc" and not g["nvenc"]:
+            raise ValidationError(f"gpus[{i}].encode: nvenc needs nvenc: true (a probe that encoded)",
+                                  field=f"gpus[{i}].encode")
     gpus = [Gpu(**g) for g in data["gpus"]]
     if not gpus:
         raise ValidationError("gpus: a host needs at least one GPU (or one declared CPU seat group)",

@@ -214,23 +214,44 @@ function renderPools() {
 // =========================================================================================
 // hosts
 // =========================================================================================
+// How a registered GPU encodes; nodes from before the "encode" field only said nvenc true/false.
+function gpuEncode(g) { return g.encode || (g.nvenc ? "nvenc" : "software"); }
+
+function encodeBadge(g) {
+  const mode = gpuEncode(g);
+  return el("span", { class: `encode ${mode}`, "data-testid": "gpu-encode", dataset: { encode: mode },
+                      title: g.reason || (mode === "software" ? "sessions on this GPU encode on the CPU" : "hardware encode") },
+    mode === "software" ? "software encode" : "NVENC");
+}
+
 function gpuCard(g, tel) {
   const t = tel || {};
-  const util = Number.isFinite(t.utilization) ? t.utilization : null;
-  const enc = Number.isFinite(t.encoder_utilization) ? t.encoder_utilization : null;
-  const vram = Number.isFinite(t.vram_used_mb) ? t.vram_used_mb : null;
+  const num = (v) => (Number.isFinite(v) ? v : null);
+  const util = num(t.utilization);
+  const enc = num(t.encoder_utilization);
+  const vram = num(t.vram_used_mb);
+  const total = num(t.vram_total_mb) ?? g.vram_mb; // NVML's figure, else the registered size (MiB)
+  const temp = num(t.temperature_c);
+  const power = num(t.power_w);
+  const sessions = num(t.encoder_sessions);
+  const fps = num(t.encoder_fps);
+  const throttled = (t.throttle_reasons || []).filter((r) => r !== "gpu_idle"); // idle clocks are not a problem
   const metric = (label, value, frac) => el("div", { class: "metric" }, el("b", {}, value), label,
     frac === null || frac === undefined ? null : meter(frac, label));
-  return el("div", { class: "gpu", dataset: { gpu: g.index } },
-    el("div", { class: "name" }, el("span", {}, el("b", {}, `GPU ${g.index}`), ` · ${g.model || "unknown"}`, g.nvenc ? " · NVENC" : ""),
+  const encoderLabel = sessions === null ? "encoder" : `encoder · ${sessions} sess.${fps ? ` · ${Math.round(fps)} fps` : ""}`;
+  return el("div", { class: "gpu", dataset: { gpu: g.index, encode: gpuEncode(g) } },
+    el("div", { class: "name" },
+      el("span", {}, el("b", {}, `GPU ${g.index}`), ` · ${g.model || "unknown"} `, encodeBadge(g)),
       el("span", { class: "muted" }, `${g.used ?? 0}/${g.seats ?? "?"} seats`)),
     el("div", { class: "metrics" },
       metric("util", util === null ? "–" : `${Math.round(util)} %`, util === null ? null : util / 100),
-      metric("VRAM", vram === null ? fmtMiB(g.vram_mb) : `${fmtMiB(vram)}`, vram === null ? null : vram / g.vram_mb),
-      metric("encoder", enc === null ? "–" : `${Math.round(enc)} %`, enc === null ? null : enc / 100),
-      metric("temp", Number.isFinite(t.temperature_c) ? `${Math.round(t.temperature_c)} °C` : "–",
-        Number.isFinite(t.temperature_c) ? t.temperature_c / 95 : null),
-      metric("power", Number.isFinite(t.power_w) ? `${Math.round(t.power_w)} W` : "–", null)));
+      metric("VRAM", vram === null ? fmtMiB(total) : `${fmtMiB(vram)} / ${fmtMiB(total)}`,
+        vram === null || !total ? null : vram / total),
+      metric(encoderLabel, enc === null ? "–" : `${Math.round(enc)} %`, enc === null ? null : enc / 100),
+      metric("temp", temp === null ? "–" : `${Math.round(temp)} °C`, temp === null ? null : temp / 95),
+      metric("power", power === null ? "–" : `${Math.round(power)} W`, null)),
+    throttled.length ? el("div", { class: "throttle small", "data-testid": "gpu-throttle" },
+      `throttled: ${throttled.join(", ")}`) : null);
 }
 
 function hostAction(h) {

@@ -278,7 +278,9 @@ async def metrics(request: web.Request) -> web.Response:
     b, m = request.app[BROKER], request.app[METRICS]
     try:
         m.update_pools(await b.list_pools())
-        m.update_streams(await b.live.get_hosts(await b.live.host_ids()))
+        hosts = await b.live.get_hosts(await b.live.host_ids())
+        m.update_streams(hosts)
+        m.update_gpus(hosts)
     except Exception:  # Redis down: still serve process counters
         pass
     return web.Response(body=m.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})

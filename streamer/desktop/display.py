@@ -128,13 +128,13 @@ def gpu_render_env(base: Mapping[str, str], gpu: int) -> dict[str, str]:
     """The environment of a session's apps so they render and compute on GPU ``gpu`` (NVML index).
 
     ``__GLX_VENDOR_LIBRARY_NAME`` sends GLX to NVIDIA's library; ``CUDA_VISIBLE_DEVICES`` leaves the
-    app only its own card for CUDA (and an in-app NVENC) work; ``RB_GPU_INDEX`` names the card for
-    our own EGL code.  Pure: returns a new mapping.
+    app only its own card for CUDA (and an in-app NVENC) work, counted in NVML's PCI bus order;
+    ``RB_GPU_INDEX`` names the card for our own EGL code.  Pure: returns a new mapping.
     """
     if gpu < 0:
         raise ValueError(f"gpu must be >= 0, got {gpu}")
-    return {**base, "__GLX_VENDOR_LIBRARY_NAME": GLX_VENDOR_NVIDIA, "CUDA_VISIBLE_DEVICES": str(gpu),
-            "RB_GPU_INDEX": str(gpu)}
+    return {**base, "__GLX_VENDOR_LIBRARY_NAME": GLX_VENDOR_NVIDIA, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "CUDA_VISIBLE_DEVICES": str(gpu), "RB_GPU_INDEX": str(gpu)}
 
 
 @dataclass(frozen=True, slots=True)

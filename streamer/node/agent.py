@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -35,12 +36,20 @@ import aiohttp
 
 from broker.protocol import API_PREFIX, NodeCommand
 from streamer.media.session import RuntimeConfig, SessionRuntime, SessionSpec
-from streamer.node.gpus import GpuInfo, declared_inventory, probe_gpus, telemetry
+from streamer.node.gpus import GpuInfo, GpuTelemetry
+from streamer.node.inventory import take_inventory
 from streamer.node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
 
 RETRY_MAX_S = 5.0  # backoff cap for broker reconnects
+
+
+def seat_gpu(raw: object) -> int | None:
+    """The GPU index of a start command's seat (the broker sends it as a string or int; '' = none)."""
+    if raw is None or raw == "":
+        return None
+    return int(str(raw))
 
 
 class Retired(Exception):
@@ -63,6 +72,7 @@ class NodeAgent:
             encoder_preference=settings.encoder,
             capture_backend=settings.capture,
         )
+        self._telemetry = GpuTelemetry()
 
     # ---- plumbing ------------------------------------------------------------------------
     @property
@@ -78,10 +88,10 @@ class NodeAgent:
         headers = {"Authorization": f"Bearer {self.s.node_token}"}
         async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=15)) as http:
             self._http = http
-            self.gpus, why = await asyncio.to_thread(probe_gpus)
-            if not self.gpus:
-                self.gpus = declared_inventory(self.s.seats)
-                log.info("%s; declaring a CPU-encode host with %d seat(s)", why, self.s.seats)
+            inventory = await asyncio.to_thread(take_inventory, self.s.seats)
+            self.gpus = inventory.gpus
+            self.runtime_config = dataclasses.replace(self.runtime_config, gpu_render=inventory.gpu_render)
+            log.info("inventory: %s; %s", inventory.reason, inventory.seats_note)
             tasks = [
                 asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
                 asyncio.create_task(self._command_loop(), name="commands"),
@@ -172,7 +182,9 @@ class NodeAgent:
                 if st.get(k) is not None:
                     entry[k] = st[k]
             sessions.append(entry)
-        body = {"gpus": await asyncio.to_thread(telemetry, [g.index for g in self.gpus]), "sessions": sessions}
+        gpus = await asyncio.to_thread(self._telemetry.read, [g.index for g in self.gpus]) \
+            if self.runtime_config.gpu_render else [{"index": g.index} for g in self.gpus]
+        body = {"gpus": gpus, "sessions": sessions}
         async with self.http.put(self._url(f"/hosts/{self.host_id}/heartbeat"), json=body) as r:
             data = await r.json()
             if r.status == 410 and data.get("retired"):
@@ -240,11 +252,11 @@ class NodeAgent:
             return
         self._starting[sid] = asyncio.create_task(self._run_start(s), name=f"start-{sid}")
 
-    async def _run_start(self, s: dict[str, Any]) -> None:
-        sid = s["id"]
+    def _spec(self, s: dict[str, Any]) -> SessionSpec:
+        """The session spec of a start command; ValueError/TypeError when the command is malformed."""
         profile = s.get("profile") or {}
-        spec = SessionSpec(
-            id=sid,
+        return SessionSpec(
+            id=s["id"],
             kind=s.get("kind") or "desktop",
             width=int(profile.get("width", 1280)),
             height=int(profile.get("height", 720)),
@@ -253,17 +265,25 @@ class NodeAgent:
             ice_servers=tuple(s.get("ice_servers") or ()),
             app_command=tuple(self.s.app_command),
             game_command=tuple(self.s.game_command),
+            gpu=seat_gpu(s.get("gpu")),
         )
-        rt = SessionRuntime(spec, self.runtime_config, on_event=lambda ev, info: self._on_runtime_event(sid, ev, info))
+
+    async def _run_start(self, s: dict[str, Any]) -> None:
+        sid = s["id"]
+        rt: SessionRuntime | None = None
         t0 = time.monotonic()
         try:
+            spec = self._spec(s)  # a malformed command fails this session's start, reported like any other
+            rt = SessionRuntime(spec, self.runtime_config,
+                                on_event=lambda ev, info: self._on_runtime_event(sid, ev, info))
             await rt.start()
         except Exception as exc:  # task boundary: the session fails, the node lives on
             log.exception("session %s failed to start", sid)
             await self._report(sid, "ended", "start_failed")
             del self._starting[sid]
-            with contextlib.suppress(Exception):
-                await rt.stop(f"start failed: {exc}")
+            if rt is not None:
+                with contextlib.suppress(Exception):
+                    await rt.stop(f"start failed: {exc}")
             return
         self.sessions[sid] = rt
         del self._starting[sid]

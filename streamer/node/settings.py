@@ -17,6 +17,8 @@ opt = common.opt
 
 SUBCOMMANDS = """subcommands:
   render-node encoders [--json]   probe this machine's encoders (really encodes a few frames each)
+  render-node doctor [--require-gpu] [--require-gl] [--require-nvenc] [--json]
+                                  what this host will do: GPUs, GL renderer, encoders and seats per GPU
   render-node [settings]          run the agent: register this host's GPUs and run the sessions the broker assigns
 """
 
@@ -29,7 +31,8 @@ class NodeSettings:
     pool: str = opt("desktop", "Pool this node serves")
     address: str = opt("", "host:port shown to admins; empty = hostname")
     advertise_addresses: list[str] = opt([], "IP addresses offered as ICE host candidates (e.g. 127.0.0.1)")
-    seats: int = opt(2, "Sessions this host runs when it has no NVML GPU (CPU-encode host)")
+    seats: int = opt(2, "Software-encode seat budget: the seats of a host without NVML GPUs, shared among "
+                          "the GPUs whose NVENC probe fails (they render on the GPU, encode on the CPU)")
     heartbeat_interval_s: float = opt(5.0, "Seconds between heartbeats (keep under a third of the lease)")
     encoder: str = opt("auto", "Encoder preference: auto, a backend (libx264, h264_nvenc) or a codec (h264, vp8)")
     capture: str = opt("auto", "Desktop capture backend: auto, x11grab or mss")

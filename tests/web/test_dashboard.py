@@ -24,6 +24,7 @@ from tests.web.conftest import call, page_errors, screenshot, user_token
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 HOST = "studio-h0"
+SOFTWARE_REASON = "NVENC probe did not encode; software encode, 1 of the host's 1 software seat(s)"
 
 
 async def seed_history(db_url: str, now_ms: int) -> None:
@@ -59,7 +60,9 @@ async def setup_broker(http: aiohttp.ClientSession, base: str) -> tuple[str, str
     await call(http, "POST", f"{api}/hosts", NODE, {
         "id": "arcade-h0", "pool": "arcade", "address": "10.0.1.3:7000", "version": "0.1.0",
         "gpus": [{"index": 0, "model": "NVIDIA RTX 4000 Ada", "vram_mb": 20475, "nvenc": True},
-                 {"index": 1, "model": "NVIDIA RTX 4000 Ada", "vram_mb": 20475, "nvenc": True}]})
+                 # its NVENC probe failed: the node registered it for software encode
+                 {"index": 1, "model": "NVIDIA RTX 4000 Ada", "vram_mb": 20475, "nvenc": False,
+                  "encode": "software", "encoder_session_limit": 1, "reason": SOFTWARE_REASON}]})
     alice = await user_token(http, base, "alice")
     s = await call(http, "POST", f"{api}/sessions", alice, {"pool": "studio", "profile": {"width": 1920,
                                                                                           "height": 1080, "fps": 60}})
@@ -67,8 +70,9 @@ async def setup_broker(http: aiohttp.ClientSession, base: str) -> tuple[str, str
     await call(http, "PUT", f"{api}/hosts/{HOST}/sessions/{s['id']}/state", NODE, {"state": "running"})
     await call(http, "PUT", f"{api}/hosts/{HOST}/heartbeat", NODE, {
         "cpu_percent": 37.5,
-        "gpus": [{"index": 0, "utilization": 63, "vram_used_mb": 6900, "encoder_utilization": 41,
-                  "encoder_sessions": 1, "temperature_c": 66, "power_w": 48.2},
+        "gpus": [{"index": 0, "utilization": 63, "vram_used_mb": 6900, "vram_total_mb": 22491,
+                  "encoder_utilization": 41, "encoder_sessions": 1, "encoder_fps": 60, "temperature_c": 66,
+                  "power_w": 48.2, "throttle_reasons": ["gpu_idle", "sw_power_cap"]},
                  {"index": 1, "utilization": 4, "vram_used_mb": 420, "encoder_utilization": 0,
                   "encoder_sessions": 0, "temperature_c": 41, "power_w": 17.0}],
         "sessions": [{"id": s["id"], "state": "running", "fps": 59.8, "bitrate_bps": 14_200_000, "rtt_ms": 9.5,
@@ -95,8 +99,24 @@ async def test_dashboard_shows_state_drains_and_refuses_users(broker: Proc, http
     host_row = page.locator(f'#hosts-table tr[data-host="{HOST}"]')
     await host_row.wait_for()
     host_text = await host_row.inner_text()
-    for fragment in ("NVIDIA L4", "63 %", "41 %", "66 °C", "48 W"):
+    for fragment in ("NVIDIA L4", "63 %", "6.7 GiB / 22.0 GiB", "41 %", "1 sess. · 60 fps", "66 °C", "48 W",
+                     "throttled: sw_power_cap"):
         assert fragment in host_text, (fragment, host_text)
+    assert "gpu_idle" not in host_text  # idle clocks are not flagged
+    badges = host_row.locator('[data-testid="gpu-encode"]')
+    assert await badges.all_inner_texts() == ["NVENC", "NVENC"]
+    # a GPU registered for software encode is flagged as such, with the node's reason on hover
+    arcade_gpu = page.locator('#hosts-table tr[data-host="arcade-h0"] .gpu[data-gpu="1"]')
+    soft = arcade_gpu.locator('[data-testid="gpu-encode"]')
+    assert await soft.inner_text() == "software encode" and await soft.is_visible()
+    assert await soft.get_attribute("data-encode") == "software"
+    assert await soft.get_attribute("title") == SOFTWARE_REASON
+    assert "0/1 seats" in await arcade_gpu.inner_text()  # a software seat the broker can place on
+    nvenc_badge = page.locator('#hosts-table tr[data-host="arcade-h0"] .gpu[data-gpu="0"] [data-testid="gpu-encode"]')
+    assert await nvenc_badge.inner_text() == "NVENC"
+    # visibly flagged: the warning colour, not the NVENC one
+    soft_color = await soft.evaluate("e => getComputedStyle(e).color")
+    assert soft_color != await nvenc_badge.evaluate("e => getComputedStyle(e).color")
     assert await host_row.locator('[data-testid="host-state"]').inner_text() == "up"
     session_row = page.locator(f'#sessions-table tr[data-session="{sid}"]')
     await session_row.wait_for()

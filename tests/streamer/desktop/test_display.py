@@ -203,7 +203,7 @@ def test_gpu_render_env_points_gl_and_cuda_at_one_gpu() -> None:
     base = {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
     env = gpu_render_env(base, 2)
     assert env == {"PATH": "/usr/bin", "CUDA_VISIBLE_DEVICES": "2", "__GLX_VENDOR_LIBRARY_NAME": "nvidia",
-                   "RB_GPU_INDEX": "2"}
+                   "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "RB_GPU_INDEX": "2"}
     assert base["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"  # the node's own environment is left alone
     with pytest.raises(ValueError):
         gpu_render_env(base, -1)
