@@ -66,7 +66,7 @@ from encoder.stats import percentile
 from streamer.abr import ladder as ladder_policy
 from streamer.abr.bitrate import DESKTOP_PROFILE, GAME_PROFILE, BitrateProfile
 from streamer.abr.control import SENDABLE_BACKENDS, choose_backend
-from streamer.desktop.capture import FrameSource, GameCapture, open_capture
+from streamer.desktop.capture import FrameSource, GameCapture, GameRendererKind, open_capture
 from streamer.desktop.display import DisplayConfig, VirtualDisplay, die_with_parent
 from streamer.desktop.game import Game
 from streamer.desktop.inputsink import wall_clock_ms
@@ -152,8 +152,18 @@ def default_start_rung(kind: str, profile: Profile) -> ladder_policy.Rung:
     return ladder_policy.initial_state(_ladder(kind, profile), _default_profile(kind).start_bps).rung
 
 
-def runtime_config(kind: str, profile: Profile) -> RuntimeConfig:
-    return RuntimeConfig(advertise_addresses=("127.0.0.1",), bitrate_profile=pinned_bitrate_profile(kind, profile))
+@dataclass(frozen=True)
+class GpuSetup:
+    """Where game sessions render: ``renderer`` (RuntimeConfig.game_renderer) and the seat's ``gpu``
+    (None: a CPU host; set, the sessions run as on a host with NVIDIA GPUs)."""
+
+    renderer: str = "auto"
+    gpu: int | None = None
+
+
+def runtime_config(kind: str, profile: Profile, setup: GpuSetup = GpuSetup()) -> RuntimeConfig:
+    return RuntimeConfig(advertise_addresses=("127.0.0.1",), bitrate_profile=pinned_bitrate_profile(kind, profile),
+                         gpu_render=setup.gpu is not None, game_renderer=setup.renderer)
 
 
 async def node_encoder() -> tuple[Selection, tuple[ProbeResult, ...]]:
@@ -335,9 +345,10 @@ async def desktop_frame_cost(profile: Profile, backend: Backend, frames: int) ->
             await asyncio.to_thread(source.close)
 
 
-async def game_frame_cost(profile: Profile, backend: Backend, frames: int) -> FrameCost:
-    """The built-in game's render, encoded as the node would."""
-    source = GameCapture(Game(profile.width, profile.height), wall_clock_ms)
+async def game_frame_cost(profile: Profile, backend: Backend, frames: int, setup: GpuSetup = GpuSetup()) -> FrameCost:
+    """The built-in game's render (numpy, or OpenGL with ``--game-renderer gl``), encoded as the node would."""
+    renderer: GameRendererKind = "gl" if setup.renderer == "gl" else "cpu"
+    source = GameCapture(Game(profile.width, profile.height), wall_clock_ms, renderer=renderer, gl_device=setup.gpu)
     bitrate = pinned_bitrate_profile("game", profile).start_bps
     return await _in_thread(
         lambda stop: measure_frame_cost(
@@ -572,7 +583,8 @@ class RampResult:
 
 
 async def _open_stream(
-    stack: contextlib.AsyncExitStack, kind: str, profile: Profile, session_id: str, desktop_app_argv: Sequence[str]
+    stack: contextlib.AsyncExitStack, kind: str, profile: Profile, session_id: str, desktop_app_argv: Sequence[str],
+    setup: GpuSetup = GpuSetup(),
 ) -> Stream:
     """Start a viewer process and a session, connect them; both are stopped when ``stack`` closes."""
     viewer = await ViewerProcess.spawn()  # imports aiortc while the session starts
@@ -584,6 +596,7 @@ async def _open_stream(
         height=profile.height,
         fps=profile.fps,
         app_command=tuple(desktop_app_argv),
+        gpu=setup.gpu,
     )
     ended: list[dict[str, Any]] = []
 
@@ -591,7 +604,7 @@ async def _open_stream(
         if name == "ended":  # the session stopped itself (app exited, capture failed)
             ended.append(info)
 
-    stream = Stream(SessionRuntime(spec, runtime_config(kind, profile), on_event=on_event), viewer, ended)
+    stream = Stream(SessionRuntime(spec, runtime_config(kind, profile, setup), on_event=on_event), viewer, ended)
     stack.push_async_callback(stream.runtime.stop)  # LIFO: the runtime stops after its viewer closed
     await stream.runtime.start()
     await viewer.connect(stream.runtime)
@@ -678,6 +691,7 @@ async def run_ramp(
     window_s: float,
     desktop_app_argv: Sequence[str] | None = None,
     progress: Callable[[RampStep], None] | None = None,
+    setup: GpuSetup = GpuSetup(),
 ) -> RampResult:
     """Add sessions (each with a viewer) one at a time; measure all after each; stop at a failure or the cap.
 
@@ -692,7 +706,7 @@ async def run_ramp(
         for n in range(1, max_sessions + 1):
             session_id = f"bench-{kind}-{profile.name}-{n}"
             ids.append(session_id)
-            stream = await _open_stream(stack, kind, profile, session_id, app)
+            stream = await _open_stream(stack, kind, profile, session_id, app, setup)
             streams.append(stream)
             pids.extend([*stream.runtime.pids.values(), stream.viewer.pid])
             await _wait_first_frames(streams)
@@ -810,6 +824,8 @@ async def amain(args: argparse.Namespace) -> int:
     warmup_s = 1.0 if args.quick else 2.0
     window_s = args.window_s or (3.0 if args.quick else 6.0)
     max_sessions = args.max_sessions or (QUICK_MAX_SESSIONS if args.quick else DEFAULT_MAX_SESSIONS)
+    setup = GpuSetup(args.game_renderer, args.gpu)
+    print(f"game renderer: {setup.renderer}; seat GPU: {setup.gpu if setup.gpu is not None else 'none (CPU host)'}")
 
     machine_before, wall_before = _machine_cpu(), time.perf_counter()
     selection, probes = await node_encoder()
@@ -837,7 +853,7 @@ async def amain(args: argparse.Namespace) -> int:
             if kind == "desktop":
                 costs.append(await desktop_frame_cost(profile, backend, frames))
             else:
-                costs.append(await game_frame_cost(profile, backend, frames))
+                costs.append(await game_frame_cost(profile, backend, frames, setup))
     print_frame_costs(costs)
 
     def progress(step: RampStep) -> None:
@@ -852,7 +868,8 @@ async def amain(args: argparse.Namespace) -> int:
         for profile in profiles:
             results.append(
                 await run_ramp(
-                    kind, profile, max_sessions=max_sessions, warmup_s=warmup_s, window_s=window_s, progress=progress
+                    kind, profile, max_sessions=max_sessions, warmup_s=warmup_s, window_s=window_s, progress=progress,
+                    setup=setup,
                 )
             )
     print(f"\n2. One session streaming to one aiortc viewer over loopback ({window_s:g} s window)")
@@ -884,6 +901,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--max-sessions", type=int, default=0, help=f"cap of the ramp (default {DEFAULT_MAX_SESSIONS})")
     parser.add_argument("--window-s", type=float, default=0.0, help="measurement window (default 6, quick 3)")
+    parser.add_argument("--game-renderer", choices=("auto", "cpu", "gl"), default="auto",
+                        help="the built-in game's renderer (the node's --game-renderer)")
+    parser.add_argument("--gpu", type=int, default=None,
+                        help="seat the sessions on this GPU, as on a host with NVIDIA GPUs (default: a CPU host)")
     parser.add_argument("--viewer-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.viewer_worker:

@@ -1,4 +1,4 @@
-"""``render-node``: run the node agent, or print this machine's encoder probe table."""
+"""``render-node``: run the node agent, print this machine's encoder probe table, or check what the host will do."""
 
 from __future__ import annotations
 
@@ -12,10 +12,17 @@ from collections.abc import Sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # CUDA ordinals (NVENC's gpu option) in NVML's PCI bus order, so "GPU 3" is one card everywhere
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     if argv[:1] == ["encoders"]:
         from encoder.cli import main as encoders_main
 
         return encoders_main(argv[1:])
+    if argv[:1] == ["doctor"]:
+        from streamer.node.doctor import main as doctor_main
+        from streamer.node.settings import NodeSettings
+
+        return doctor_main(argv[1:], software_seats=NodeSettings().seats)
     from streamer.node.settings import load
 
     settings = load(argv, os.environ)

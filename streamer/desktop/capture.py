@@ -5,7 +5,8 @@ Job: one small interface, ``FrameSource.grab() -> av.VideoFrame``, over
   ``bgr0``; the primary path;
 - ``MssCapture``: ``mss`` (XShm through XCB), a numpy ``H x W x 4`` BGRA array
   wrapped in a ``bgra`` frame; the fallback when x11grab cannot open;
-- ``GameCapture``: renders ``streamer.desktop.game.Game`` frames (``bgra``).
+- ``GameCapture``: renders ``streamer.desktop.game.Game`` frames (``bgra``),
+  with numpy or with OpenGL on an EGL device (``streamer.desktop.glgame``).
 ``open_capture`` picks x11grab and falls back to mss.  Frames leave in the
 source's own 32-bit BGR layout: the encoder converts once if it must (NVENC
 takes bgr0/bgra as is).
@@ -24,7 +25,10 @@ Concurrency model: blocking; ``grab`` runs in one worker thread (the session's
 frame thread).  ``stats()`` may be called from any thread (a lock guards the
 counters).  ``close()`` may be called from another thread: it waits for an
 in-flight ``grab`` (a lock) so FFmpeg/XCB state is never freed under it;
-``grab`` after ``close`` raises ``CaptureError``.
+``grab`` after ``close`` raises ``CaptureError``.  ``GameCapture``'s GL
+renderer is created inside the first ``grab`` (the frame thread) and released
+by ``close`` on whichever thread calls it; the renderer binds its EGL context
+only for the length of each call, so that hand-over is safe.
 
 Invariants: a source captures a fixed ``width x height`` region at the top
 left; after the display is resized the caller opens a new source.  No pixel
@@ -49,6 +53,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamer.desktop.game import Game
+from streamer.desktop.glgame import GlGameRenderer, GlUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +62,7 @@ STATS_WINDOW: Final = 300  # frames in the rolling window behind p50_ms (10 s at
 TIME_BASE: Final = Fraction(1, 1_000_000)  # pts unit: microseconds
 
 Backend = Literal["auto", "x11grab", "mss"]
+GameRendererKind = Literal["cpu", "gl"]  # numpy, or OpenGL through EGL (streamer.desktop.glgame)
 
 
 class CaptureError(Exception):
@@ -236,24 +242,93 @@ class MssCapture:
                 self._sct = None
 
 
+class GameRendererUnavailable(CaptureError):
+    """The game's GL renderer cannot run here; ``reason`` says why (from ``GlUnavailableError``)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"GL game renderer unavailable: {reason}")
+        self.reason = reason
+
+
 class GameCapture:
-    """Frames of the built-in game, rendered at the time ``clock_ms()`` returns (ms since the epoch)."""
+    """Frames of the built-in game, rendered at the time ``clock_ms()`` returns (ms since the epoch).
 
-    backend = "game"
+    ``renderer="cpu"`` (default) draws with ``game.render`` (numpy, plus whatever a
+    ``Game`` subclass adds).  ``renderer="gl"`` steps ``game.scene`` and draws it
+    with ``GlGameRenderer`` on EGL device ``gl_device`` (None: EGL's first), which
+    is created by the first ``grab``, so on the frame thread and off the event
+    loop.  If it cannot start, that grab and every later one raise
+    ``GameRendererUnavailable`` with the reason (no retry per frame); a caller
+    that wants to fail before streaming calls ``prepare()`` in a worker thread.
+    """
 
-    def __init__(self, game: Game, clock_ms: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        game: Game,
+        clock_ms: Callable[[], int],
+        *,
+        renderer: GameRendererKind = "cpu",
+        gl_device: int | None = None,
+    ) -> None:
+        if renderer not in ("cpu", "gl"):
+            raise ValueError(f"renderer must be 'cpu' or 'gl', got {renderer!r}")
         self.game = game
         self.width, self.height = game.width, game.height
+        self.renderer: GameRendererKind = renderer
+        self.gl_device = gl_device
+        self.backend = "game" if renderer == "cpu" else "game-gl"
         self._clock_ms = clock_ms
         self._lock = threading.Lock()
         self._recorder = _Recorder(self.backend)
+        self._gl: GlGameRenderer | None = None
+        self._gl_failure: str | None = None
+        self._closed = False
+
+    @property
+    def renderer_string(self) -> str | None:
+        """What draws: "numpy", GL_RENDERER once the GL renderer runs, None before that."""
+        if self.renderer == "cpu":
+            return "numpy"
+        gl = self._gl
+        return None if gl is None else gl.renderer_string
+
+    def prepare(self) -> None:
+        """Start the renderer now (blocking: EGL start-up takes tens of ms); raises ``GameRendererUnavailable``."""
+        with self._lock:
+            if self._closed:
+                raise CaptureError("capture closed")
+            if self.renderer == "gl":
+                self._gl_renderer()
+
+    def _gl_renderer(self) -> GlGameRenderer:
+        if self._gl is None:
+            if self._gl_failure is not None:
+                raise GameRendererUnavailable(self._gl_failure)
+            try:
+                self._gl = GlGameRenderer(self.game.width, self.game.height, device_index=self.gl_device)
+            except GlUnavailableError as exc:
+                self._gl_failure = exc.reason
+                raise GameRendererUnavailable(exc.reason) from exc
+            log.info("game renders with OpenGL on %s (EGL device %s)", self._gl.renderer_string, self.gl_device)
+        return self._gl
+
+    def _render(self, now_ms: int) -> npt.NDArray[np.uint8]:
+        if self.renderer == "cpu":
+            return self.game.render(now_ms)
+        gl = self._gl_renderer()
+        scene = self.game.scene(now_ms)
+        if gl.size != (scene.width, scene.height):
+            gl.resize(scene.width, scene.height)
+        return gl.render(scene)
 
     def grab(self) -> av.VideoFrame:
-        """Render the next game frame as a ``bgra`` frame (a copy: the game reuses its buffer)."""
+        """Render the next game frame as a ``bgra`` frame (a copy: the renderer reuses its buffer)."""
         with self._lock:
+            if self._closed:
+                raise CaptureError("capture closed")
             start = time.perf_counter()
             now_ms = self._clock_ms()
-            frame = bgra_frame(self.game.render(now_ms))
+            frame = bgra_frame(self._render(now_ms))
             self._recorder.add((time.perf_counter() - start) * 1000)
         frame.pts, frame.time_base = now_ms * 1000, TIME_BASE
         return frame
@@ -262,7 +337,12 @@ class GameCapture:
         return self._recorder.snapshot()
 
     def close(self) -> None:
-        """Nothing to release; kept for the ``FrameSource`` interface."""
+        """Release the GL renderer if one runs (any thread; waits for an in-flight grab).  Idempotent."""
+        with self._lock:
+            self._closed = True
+            gl, self._gl = self._gl, None
+            if gl is not None:
+                gl.close()
 
 
 def open_capture(

@@ -2,6 +2,10 @@
 
 Job: produce BGRA frames (numpy ``H x W x 4`` uint8) of a moving scene that
 reacts to input, for the ``game`` pool kind, for tests and for latency probes.
+``Game.scene(now_ms)`` steps the game and returns a frozen ``Scene`` (what to
+draw, in pixels); a renderer draws it: ``CpuGameRenderer`` here (numpy), or
+``streamer.desktop.glgame.GlGameRenderer`` (OpenGL through EGL) with the same
+layout and colours.  ``Game.render(now_ms)`` is ``scene`` + the numpy renderer.
 Every frame carries, in a top strip of big black/white cells, its frame number
 (32 bits) and the render clock (48 bits of ms since the epoch) protected by a
 CRC; ``read_stamp`` reads them back from a decoded frame (BGR, BGRA or a luma
@@ -15,14 +19,18 @@ encoder ladder): ``STAMP_COLUMNS`` cells per row, square cells of
 Bits, row-major, MSB first: sync (8) | frame number (32) | ts_ms (48) |
 crc16 (16) | tail (16).  White = 1.
 
-Concurrency model: ``Game`` is a plain object owned by one thread (the
-session's frame thread); ``apply`` and ``render`` must not run concurrently.
-``render`` returns the game's own buffer, which is overwritten by the next
-``render``: copy it (``av.VideoFrame.from_ndarray`` does) before rendering again.
+Concurrency model: ``Game`` and ``CpuGameRenderer`` are plain objects owned by
+one thread (the session's frame thread); ``apply``, ``scene`` and ``render``
+must not run concurrently.  ``render`` returns the renderer's own buffer, which
+is overwritten by the next ``render``: copy it (``av.VideoFrame.from_ndarray``
+does) before rendering again.  A ``Scene`` is immutable and may go anywhere.
 
-Invariants: ``render`` never reads a clock (time comes in as ``now_ms``), never
-loops over pixels in Python, and reuses its buffers; the strip holds only pure
-black and white; the player colour (pure green) appears nowhere else.
+Invariants: ``scene`` and ``render`` never read a clock (time comes in as
+``now_ms``); rendering never loops over pixels in Python and reuses its
+buffers; the strip holds only pure black and white; the player colour (pure
+green) appears nowhere else; the scene (player, enemies) never overlaps the
+strip, so the strip is drawn last and the draw order elsewhere is background,
+enemies, player.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -46,11 +54,12 @@ TS_BITS: Final = 48
 _STAMP_BITS: Final = 8 + FRAME_NO_BITS + TS_BITS + 16 + 16  # == STAMP_COLUMNS * STAMP_ROWS
 
 PLAYER_BGR: Final = (0, 255, 0)  # pure green: unique in the scene
+ENEMY_BGR: Final = (40, 40, 220)
 PLAYER_SPEED_PER_S: Final = 0.6  # play-area heights per second at full deflection
 GAMEPAD_DEADZONE: Final = 0.2  # stick travel (0..1) ignored around the centre
 MAX_STEP_MS: Final = 100  # a longer gap between renders moves the player at most this much
-_ENEMY_COUNT: Final = 3
-_BACKGROUND_PERIOD_PX: Final = 128  # horizontal repeat of the scrolling background
+ENEMY_COUNT: Final = 3
+BACKGROUND_PERIOD_PX: Final = 128  # horizontal repeat of the scrolling background
 _BACKGROUND_SPEED_PX_PER_S: Final = 96.0
 
 Image = npt.NDArray[np.uint8]
@@ -66,7 +75,7 @@ def _pixel(b: int, g: int, r: int) -> np.uint32:
 
 
 _PLAYER_PIXEL: Final = _pixel(*PLAYER_BGR)
-_ENEMY_PIXEL: Final = _pixel(40, 40, 220)
+_ENEMY_PIXEL: Final = _pixel(*ENEMY_BGR)
 _WHITE_PIXEL: Final = _pixel(255, 255, 255)
 _BLACK_PIXEL: Final = _pixel(0, 0, 0)
 
@@ -103,16 +112,24 @@ def _crc16(frame_no: int, ts_ms: int) -> int:
     return zlib.crc32(payload) & 0xFFFF
 
 
-def stamp_bits(frame_no: int, ts_ms: int) -> Image:
-    """The ``STAMP_ROWS x STAMP_COLUMNS`` cell values (0 or 255) for one stamp."""
+def stamp_word(frame_no: int, ts_ms: int) -> int:
+    """The stamp's bits as one ``STAMP_ROWS * STAMP_COLUMNS``-bit integer, cell (0, 0) the MSB."""
     frame_no &= (1 << FRAME_NO_BITS) - 1
     ts_ms &= (1 << TS_BITS) - 1
     word = STAMP_SYNC
     for value, bits in ((frame_no, FRAME_NO_BITS), (ts_ms, TS_BITS), (_crc16(frame_no, ts_ms), 16)):
         word = (word << bits) | value
-    word = (word << 16) | STAMP_TAIL
+    return (word << 16) | STAMP_TAIL
+
+
+def _word_cells(word: int) -> Image:
     raw = np.frombuffer(word.to_bytes(_STAMP_BITS // 8, "big"), dtype=np.uint8)
     return (np.unpackbits(raw) * 255).astype(np.uint8).reshape(STAMP_ROWS, STAMP_COLUMNS)
+
+
+def stamp_bits(frame_no: int, ts_ms: int) -> Image:
+    """The ``STAMP_ROWS x STAMP_COLUMNS`` cell values (0 or 255) for one stamp."""
+    return _word_cells(stamp_word(frame_no, ts_ms))
 
 
 def _cell_edges(width: int) -> npt.NDArray[np.int64]:
@@ -121,8 +138,11 @@ def _cell_edges(width: int) -> npt.NDArray[np.int64]:
     return np.round(np.arange(count) * (width / STAMP_COLUMNS)).astype(np.int64)
 
 
-def _cell_index_maps(width: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
-    """Row and column cell index of every pixel of the strip (for one fancy-index fill)."""
+def stamp_cell_maps(width: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """Cell row of every pixel row of the strip, and cell column of every pixel column.
+
+    Both renderers draw cells through these maps, so their cell edges agree to the pixel.
+    """
     edges = _cell_edges(width)
     cols = np.searchsorted(edges[1 : STAMP_COLUMNS + 1], np.arange(width), side="right")
     rows = np.searchsorted(edges[1 : STAMP_ROWS + 1], np.arange(stamp_height(width)), side="right")
@@ -183,11 +203,130 @@ def find_player(image: npt.NDArray[np.uint8]) -> tuple[float, float] | None:
     return float(xs.mean()), float(ys.mean())
 
 
+def make_background(width: int, height: int) -> npt.NDArray[np.uint32]:
+    """Dark, low-saturation diagonal bands (no green dominance, no pure black or white).
+
+    ``height x width`` opaque BGRA pixels as ``_PIXEL_DTYPE`` words; a frame shows the
+    window starting ``Scene.background_offset`` columns in, so renderers build it
+    ``BACKGROUND_PERIOD_PX`` wider than the frame.
+    """
+    x = np.arange(width, dtype=np.float32)[None, :]
+    y = np.arange(height, dtype=np.float32)[:, None]
+    phase = (x + y) * (2.0 * math.pi / BACKGROUND_PERIOD_PX)
+    wave = 0.5 + 0.5 * np.sin(phase)  # 0..1
+    shade = 0.35 + 0.65 * (y / max(height - 1, 1))  # darker at the top
+    tex = np.empty((height, width, 4), dtype=np.uint8)
+    tex[..., 0] = (60 + 60 * wave * shade).astype(np.uint8)  # blue 60..120
+    tex[..., 1] = (40 + 25 * wave).astype(np.uint8)  # green 40..65
+    tex[..., 2] = (35 + 35 * shade).astype(np.uint8)  # red 35..70
+    tex[..., 3] = 255
+    return tex.view(_PIXEL_DTYPE).reshape(height, width)
+
+
+def check_frame_size(width: int, height: int) -> None:
+    """Raise ``ValueError`` unless a ``width x height`` frame holds the stamp strip and a play area."""
+    if width < STAMP_COLUMNS or height <= stamp_height(width) + 16:
+        raise ValueError(f"frame {width}x{height} too small for the stamp strip and a play area")
+
+
+@dataclass(frozen=True, slots=True)
+class Rect:
+    """An axis-aligned box in frame pixels: columns ``[x, x + w)``, rows ``[y, y + h)`` (row 0 on top)."""
+
+    x: int
+    y: int
+    w: int
+    h: int
+
+
+@dataclass(frozen=True, slots=True)
+class Scene:
+    """Everything a renderer needs to draw one frame, in pixels of a ``width x height`` frame.
+
+    Rows count from the top.  The strip covers rows ``[0, stamp_height(width))``;
+    below it, pixel ``(x, y)`` of the background is column ``x + background_offset``,
+    row ``y - stamp_height(width)`` of ``make_background(width + BACKGROUND_PERIOD_PX,
+    height - stamp_height(width))``; enemies are drawn over it in ``ENEMY_BGR``, the
+    player over them in ``PLAYER_BGR``.
+    """
+
+    width: int
+    height: int
+    frame_no: int  # what the stamp says (32 bits)
+    ts_ms: int  # the render clock, ms since the epoch (the stamp keeps 48 bits)
+    background_offset: int  # px, 0 <= offset < BACKGROUND_PERIOD_PX
+    enemies: tuple[Rect, ...]
+    player: Rect
+    stamp: int  # stamp_word(frame_no, ts_ms): cell (row, col) is bit 119 - (row * STAMP_COLUMNS + col)
+
+    @property
+    def play_top(self) -> int:
+        """First row below the stamp strip."""
+        return stamp_height(self.width)
+
+
+class GameRenderer(Protocol):
+    """Draws ``Scene``s into BGRA frames; owned by one thread at a time (see each implementation)."""
+
+    @property
+    def renderer_string(self) -> str: ...  # what draws: "numpy", or OpenGL's GL_RENDERER
+
+    @property
+    def size(self) -> tuple[int, int]: ...  # (width, height) of the frames it draws
+
+    def render(self, scene: Scene) -> Image: ...  # H x W x 4 BGRA, its own buffer, valid until the next call
+
+    def resize(self, width: int, height: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class CpuGameRenderer:
+    """The numpy renderer: whole-pixel uint32 stores into one reused buffer."""
+
+    renderer_string = "numpy"
+
+    def __init__(self, width: int, height: int) -> None:
+        self.resize(width, height)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self._width, self._height
+
+    def resize(self, width: int, height: int) -> None:
+        """Reallocate the buffers for ``width x height`` frames."""
+        check_frame_size(width, height)
+        self._width, self._height = width, height
+        self._buf: Image = np.empty((height, width, 4), dtype=np.uint8)
+        # One uint32 per BGRA pixel: a whole-pixel fill is one store, not four.
+        self._pixels: npt.NDArray[np.uint32] = self._buf.view(_PIXEL_DTYPE).reshape(height, width)
+        self._rows, self._cols = stamp_cell_maps(width)
+        self._background = make_background(width + BACKGROUND_PERIOD_PX, height - stamp_height(width))
+
+    def render(self, scene: Scene) -> Image:
+        """Draw ``scene``; returns this renderer's ``H x W x 4`` BGRA buffer, valid until the next call."""
+        if (scene.width, scene.height) != (self._width, self._height):
+            raise ValueError(f"scene is {scene.width}x{scene.height}, renderer {self._width}x{self._height}")
+        pixels, top, off = self._pixels, scene.play_top, scene.background_offset
+        pixels[top:] = self._background[:, off : off + self._width]
+        for e in scene.enemies:
+            pixels[e.y : e.y + e.h, e.x : e.x + e.w] = _ENEMY_PIXEL
+        p = scene.player
+        pixels[p.y : p.y + p.h, p.x : p.x + p.w] = _PLAYER_PIXEL
+        cells = np.where(_word_cells(scene.stamp) != 0, _WHITE_PIXEL, _BLACK_PIXEL)
+        pixels[:top] = cells[self._rows[:, None], self._cols[None, :]]
+        return self._buf
+
+    def close(self) -> None:
+        """Nothing to release (numpy buffers); kept for the ``GameRenderer`` interface."""
+
+
 class Game:
     """The scene: scrolling background, moving red enemies, a green player, a stamp strip.
 
-    ``render(now_ms)`` advances the player by the time since the previous
-    render (capped at ``MAX_STEP_MS``) and draws frame ``frame_no``.
+    ``scene(now_ms)`` advances the player by the time since the previous step
+    (capped at ``MAX_STEP_MS``) and describes frame ``frame_no``; ``render(now_ms)``
+    does that and draws it with the numpy renderer (made on first use).
     """
 
     def __init__(self, width: int, height: int) -> None:
@@ -195,39 +334,19 @@ class Game:
         self._pads: dict[int, tuple[float, float]] = {}  # pad index -> (x, y) deflection
         self._frame_no = 0
         self._last_ms: int | None = None
+        self._cpu: CpuGameRenderer | None = None
         self._setup(width, height)
         self._px = (width - self._player_side) / 2.0  # top-left corner, pixels
         self._py = self._play_top + (self._play_h - self._player_side) / 2.0
 
     def _setup(self, width: int, height: int) -> None:
-        if width < STAMP_COLUMNS or height <= stamp_height(width) + 16:
-            raise ValueError(f"frame {width}x{height} too small for the stamp strip and a play area")
+        check_frame_size(width, height)
         self._width = width
         self._height = height
         self._play_top = stamp_height(width)
         self._play_h = height - self._play_top
         self._player_side = max(16, self._play_h // 10)
         self._enemy_side = max(12, self._play_h // 14)
-        self._buf: Image = np.empty((height, width, 4), dtype=np.uint8)
-        # One uint32 per BGRA pixel: a whole-pixel fill is one store, not four.
-        self._pixels: npt.NDArray[np.uint32] = self._buf.view(_PIXEL_DTYPE).reshape(height, width)
-        self._rows, self._cols = _cell_index_maps(width)
-        self._background = self._make_background(width + _BACKGROUND_PERIOD_PX, self._play_h)
-
-    @staticmethod
-    def _make_background(width: int, height: int) -> npt.NDArray[np.uint32]:
-        """Dark, low-saturation diagonal bands (no green dominance, no pure black or white)."""
-        x = np.arange(width, dtype=np.float32)[None, :]
-        y = np.arange(height, dtype=np.float32)[:, None]
-        phase = (x + y) * (2.0 * math.pi / _BACKGROUND_PERIOD_PX)
-        wave = 0.5 + 0.5 * np.sin(phase)  # 0..1
-        shade = 0.35 + 0.65 * (y / max(height - 1, 1))  # darker at the top
-        tex = np.empty((height, width, 4), dtype=np.uint8)
-        tex[..., 0] = (60 + 60 * wave * shade).astype(np.uint8)  # blue 60..120
-        tex[..., 1] = (40 + 25 * wave).astype(np.uint8)  # green 40..65
-        tex[..., 2] = (35 + 35 * shade).astype(np.uint8)  # red 35..70
-        tex[..., 3] = 255
-        return tex.view(_PIXEL_DTYPE).reshape(height, width)
 
     @property
     def width(self) -> int:
@@ -239,7 +358,7 @@ class Game:
 
     @property
     def frame_no(self) -> int:
-        """The number the next ``render`` stamps."""
+        """The number the next ``scene``/``render`` stamps."""
         return self._frame_no
 
     def resize(self, width: int, height: int) -> None:
@@ -296,25 +415,40 @@ class Game:
         self._px = min(max(self._px + dx * speed, 0.0), float(self._width - side))
         self._py = min(max(self._py + dy * speed, float(self._play_top)), float(self._height - side))
 
-    def render(self, now_ms: int) -> Image:
-        """Advance to ``now_ms`` (ms since the epoch) and draw the next frame.
-
-        Returns the game's own ``H x W x 4`` BGRA buffer, valid until the next call.
-        """
+    def scene(self, now_ms: int) -> Scene:
+        """Advance to ``now_ms`` (ms since the epoch) and describe the next frame (``frame_no`` moves on)."""
         self._step(now_ms)
-        pixels, top, w = self._pixels, self._play_top, self._width
-        offset = int(now_ms * _BACKGROUND_SPEED_PX_PER_S / 1000.0) % _BACKGROUND_PERIOD_PX
-        pixels[top:] = self._background[:, offset : offset + w]
+        top, w = self._play_top, self._width
         # Enemies: red squares on fixed Lissajous paths, a function of the clock only.
         side = self._enemy_side
         t = now_ms / 1000.0
-        for i in range(_ENEMY_COUNT):
+        enemies = []
+        for i in range(ENEMY_COUNT):
             ex = int((0.5 + 0.45 * math.sin(t * (0.7 + 0.3 * i) + i * 2.1)) * (w - side))
             ey = top + int((0.5 + 0.45 * math.cos(t * (0.5 + 0.2 * i) + i)) * (self._play_h - side))
-            pixels[ey : ey + side, ex : ex + side] = _ENEMY_PIXEL
-        x0, y0, ps = round(self._px), round(self._py), self._player_side
-        pixels[y0 : y0 + ps, x0 : x0 + ps] = _PLAYER_PIXEL
-        cells = np.where(stamp_bits(self._frame_no, now_ms) != 0, _WHITE_PIXEL, _BLACK_PIXEL)
-        pixels[:top] = cells[self._rows[:, None], self._cols[None, :]]
+            enemies.append(Rect(ex, ey, side, side))
+        ps = self._player_side
+        scene = Scene(
+            width=w,
+            height=self._height,
+            frame_no=self._frame_no,
+            ts_ms=now_ms,
+            background_offset=int(now_ms * _BACKGROUND_SPEED_PX_PER_S / 1000.0) % BACKGROUND_PERIOD_PX,
+            enemies=tuple(enemies),
+            player=Rect(round(self._px), round(self._py), ps, ps),
+            stamp=stamp_word(self._frame_no, now_ms),
+        )
         self._frame_no = (self._frame_no + 1) & ((1 << FRAME_NO_BITS) - 1)
-        return self._buf
+        return scene
+
+    def render(self, now_ms: int) -> Image:
+        """Advance to ``now_ms`` (ms since the epoch) and draw the next frame with the numpy renderer.
+
+        Returns the renderer's own ``H x W x 4`` BGRA buffer, valid until the next call.
+        """
+        scene = self.scene(now_ms)
+        if self._cpu is None:
+            self._cpu = CpuGameRenderer(self._width, self._height)
+        elif self._cpu.size != (self._width, self._height):
+            self._cpu.resize(self._width, self._height)
+        return self._cpu.render(scene)

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import av
 
 from broker.protocol import NodeEventType
-from streamer.desktop.capture import CaptureStats, GameCapture
+from streamer.desktop.capture import CaptureStats, GameCapture, GameRendererKind
 from streamer.desktop.game import Game
 from streamer.desktop.inputs import Gamepad, InputCounters, InputError, InputEvent, Ping, ProbeAck, Resize, parse_input
 from streamer.desktop.xinput import XInjector
@@ -108,11 +108,11 @@ class GameSource:
     applied there, right before the next render.
     """
 
-    backend = "game"
-
-    def __init__(self, game: Game, clock_ms: Callable[[], int]) -> None:
+    def __init__(self, game: Game, clock_ms: Callable[[], int], *, renderer: GameRendererKind = "cpu",
+                 gl_device: int | None = None) -> None:
         self._game = game
-        self._capture = GameCapture(game, clock_ms)
+        self._capture = GameCapture(game, clock_ms, renderer=renderer, gl_device=gl_device)
+        self.backend = self._capture.backend  # "game" (numpy) or "game-gl"
         self.width, self.height = game.width, game.height
         self._events: queue.SimpleQueue[InputEvent | None] = queue.SimpleQueue()  # None: release all
 
@@ -136,6 +136,15 @@ class GameSource:
 
     def stats(self) -> CaptureStats:
         return self._capture.stats()
+
+    def prepare(self) -> None:
+        """Start the renderer now (blocking); raises ``GameRendererUnavailable`` with the reason."""
+        self._capture.prepare()
+
+    @property
+    def renderer_string(self) -> str | None:
+        """What draws: "numpy" or OpenGL's GL_RENDERER (None until the GL renderer started)."""
+        return self._capture.renderer_string
 
     def close(self) -> None:
         self._capture.close()

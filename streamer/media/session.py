@@ -78,7 +78,7 @@ from streamer.abr.control import (
     round2,
 )
 from streamer.abr.ladder import Rung
-from streamer.desktop.capture import FrameSource, open_capture
+from streamer.desktop.capture import FrameSource, GameRendererUnavailable, open_capture
 from streamer.desktop.display import DisplayConfig, VirtualDisplay, app_env, gpu_render_env
 from streamer.desktop.game import Game
 from streamer.desktop.inputsink import GameSource, InputRouter, XInputSink, wall_clock_ms
@@ -89,6 +89,7 @@ log = logging.getLogger(__name__)
 
 KINDS: Final = frozenset({PoolKind.DESKTOP.value, PoolKind.GAME.value})
 CAPTURE_BACKENDS: Final = frozenset({"auto", "x11grab", "mss"})
+GAME_RENDERERS: Final = frozenset({"auto", "cpu", "gl"})
 MAX_WIDTH_PX: Final = 7680
 MAX_HEIGHT_PX: Final = 4320
 MIN_SIZE_PX: Final = 64
@@ -148,6 +149,9 @@ class RuntimeConfig:
     # The host has an NVIDIA driver (NVML found its GPUs): a session's apps render on its GPU with
     # NVIDIA's GLX and its hardware encoder opens there.  False on CPU-encode hosts.
     gpu_render: bool = False
+    # The built-in game's renderer: "auto" = OpenGL (EGL) on the session's GPU on a GPU host, numpy
+    # elsewhere, falling back to numpy when GL cannot start; "gl" = OpenGL or the start fails; "cpu".
+    game_renderer: str = "auto"
     bitrate_profile: BitrateProfile | None = None  # None: streamer.abr.bitrate's desktop/game profile by kind
     # feedback -> bitrate/ladder decision period.  100, not 200: a ramp's overshoot shows in the
     # probes a period sooner (ABR lab: at 200 ms the second high probe came with the queue at
@@ -166,6 +170,8 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         if self.capture_backend not in CAPTURE_BACKENDS:
             raise ValueError(f"capture_backend must be one of {sorted(CAPTURE_BACKENDS)}")
+        if self.game_renderer not in GAME_RENDERERS:
+            raise ValueError(f"game_renderer must be one of {sorted(GAME_RENDERERS)}")
         if self.stats_interval_ms < 10 or self.client_stats_interval_ms < self.stats_interval_ms:
             raise ValueError("stats_interval_ms must be >= 10 and <= client_stats_interval_ms")
         if self.keyframe_min_interval_ms < 0:
@@ -386,6 +392,8 @@ class SessionRuntime:
             "encode_ms_p95": None,
             "convert_ms": None,
             "grab_ms": None,  # median capture/render per frame, ms
+            "source": self._source.backend if self._source is not None else None,  # x11grab | mss | game | game-gl
+            "gpu": self.spec.gpu if self._on_gpu() else None,  # the GPU this session renders/encodes on
             "bitrate_bps": self._send_rate_bps,  # measured RTP payload rate, retransmissions included
             "target_bps": step.bitrate.target_bps if step else None,
             # what the encoder was asked for: target x rate-match gain - the retransmission rate
@@ -467,7 +475,7 @@ class SessionRuntime:
         spec = self.spec
         rtc_configuration(spec.ice_servers)  # a malformed ICE server fails the start, not a viewer's offer
         if spec.kind == PoolKind.GAME.value and not spec.game_command:
-            game = GameSource(self._game_factory(spec.width, spec.height), wall_clock_ms)
+            game = await self._open_game()
             self._source, self._sink = game, game
         else:
             app = spec.app_command if spec.kind == PoolKind.DESKTOP.value else spec.game_command
@@ -805,6 +813,26 @@ class SessionRuntime:
         config = EncoderConfig(rung.width, rung.height, float(rung.fps), bitrate_bps, source_format=source_format,
                                gpu=self._encoder_gpu())
         return await asyncio.to_thread(VideoEncoder, backend, config)
+
+    async def _open_game(self) -> GameSource:
+        """The built-in game with the configured renderer, started off the event loop."""
+        spec, wanted = self.spec, self.config.game_renderer
+        if wanted == "cpu" or (wanted == "auto" and not self._on_gpu()):
+            return GameSource(self._game_factory(spec.width, spec.height), wall_clock_ms)
+        device = spec.gpu if self._on_gpu() else None  # EGL device = the seat's GPU (see docs/gpu.md)
+        game = GameSource(self._game_factory(spec.width, spec.height), wall_clock_ms, renderer="gl",
+                          gl_device=device)
+        try:
+            await asyncio.to_thread(game.prepare)
+        except GameRendererUnavailable as exc:
+            game.close()
+            if wanted == "gl":
+                raise
+            log.warning("session %s: OpenGL game renderer unavailable on GPU %s (%s); rendering with numpy",
+                        spec.id, device, exc.reason)
+            return GameSource(self._game_factory(spec.width, spec.height), wall_clock_ms)
+        log.info("session %s: game renders with OpenGL on %s", spec.id, game.renderer_string)
+        return game
 
     def _on_gpu(self) -> bool:
         return self.config.gpu_render and self.spec.gpu is not None

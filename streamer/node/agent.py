@@ -71,6 +71,7 @@ class NodeAgent:
             advertise_addresses=tuple(settings.advertise_addresses),
             encoder_preference=settings.encoder,
             capture_backend=settings.capture,
+            game_renderer=settings.game_renderer,
         )
         self._telemetry = GpuTelemetry()
 

@@ -37,6 +37,8 @@ class NodeSettings:
     encoder: str = opt("auto", "Encoder preference: auto, a backend (libx264, h264_nvenc) or a codec (h264, vp8)")
     capture: str = opt("auto", "Desktop capture backend: auto, x11grab or mss")
     app_command: list[str] = opt(["xterm"], argv=True, help="Command a desktop session runs on its display")
+    game_renderer: str = opt("auto", "Built-in game renderer: auto (OpenGL through EGL on the session's GPU on a "
+                                     "host with NVIDIA GPUs, numpy elsewhere or when GL cannot start), gl, cpu")
     game_command: list[str] = opt([], argv=True, help="Command a game session runs; empty = the built-in renderer")
     log_level: str = opt("info", "Logging level")
 

@@ -21,6 +21,7 @@ import pytest
 from streamer.abr.bitrate import GAME_PROFILE, BitrateProfile, Feedback
 from streamer.abr.control import RATE_MATCH_MAX_GAIN, StreamController
 from streamer.abr.ladder import game_ladder
+from streamer.desktop.capture import CaptureError
 from streamer.desktop.display import DisplayError
 from streamer.desktop.game import Game, find_player, read_stamp
 from streamer.media.session import DECISION_LOG_SIZE, RuntimeConfig, SessionRuntime, SessionSpec
@@ -406,6 +407,44 @@ def test_spec_validation() -> None:
         SessionSpec(id="x", kind="game", width=640, height=360, fps=30, gpu=-1)
     with pytest.raises(ValueError, match="gpu"):
         SessionSpec(id="x", kind="game", width=640, height=360, fps=30, gpu=64)
+
+
+@pytest.mark.parametrize(
+    ("renderer", "gpu_render", "gpu", "source"),
+    [("gl", False, None, "game-gl"), ("auto", False, 3, "game"), ("cpu", True, 0, "game"),
+     ("auto", True, 7, "game")],  # EGL has no device 7 here: auto falls back to numpy
+)
+async def test_the_game_renders_where_the_config_says(
+    renderer: str, gpu_render: bool, gpu: int | None, source: str, viewer: Viewer
+) -> None:
+    from streamer.desktop.glgame import probe_gl
+
+    ok, why = await asyncio.to_thread(probe_gl, None)
+    if renderer == "gl" and not ok:
+        pytest.skip(f"no OpenGL through EGL here: {why}")
+    spec = SessionSpec(id=f"game-r-{renderer}-{gpu}", kind="game", width=320, height=240, fps=30, gpu=gpu)
+    config = RuntimeConfig(advertise_addresses=("127.0.0.1",), gpu_render=gpu_render, game_renderer=renderer)
+    runtime = SessionRuntime(spec, config, on_event=Events())
+    await runtime.start()
+    try:
+        assert runtime.stats()["source"] == source
+        assert runtime.stats()["gpu"] == (gpu if gpu_render else None)
+        await viewer.connect(runtime.handle_signal)
+        await viewer.wait_frames(3)
+        stamps = [read_stamp(image) for image in list(viewer.images)[-3:]]
+        assert len(stamps) == 3 and all(s is not None for s in stamps)
+    finally:
+        await runtime.stop()
+
+
+async def test_a_required_gl_renderer_that_cannot_start_fails_the_start() -> None:
+    spec = SessionSpec(id="game-gl-missing", kind="game", width=320, height=240, fps=30, gpu=7)
+    config = RuntimeConfig(advertise_addresses=("127.0.0.1",), gpu_render=True, game_renderer="gl")
+    runtime = SessionRuntime(spec, config, on_event=Events())
+    with pytest.raises(CaptureError, match="GL game renderer unavailable"):
+        await runtime.start()
+    await runtime.stop()
+    assert session_threads("game-gl-missing") == []
 
 
 def _environ(pid: int) -> dict[str, str]:
