@@ -30,7 +30,7 @@ echo "doctor --json exit $?"
 echo "doctor --require-gpu --require-gl exit ${PIPESTATUS[0]}"
 
 step "gpu tests"
-"$PY" -m pytest -q -p no:cacheprovider -p no:randomly -m gpu -rs tests/gpu 2>&1 | tee "$OUT/gpu-tests.txt"
+"$PY" -m pytest -q -p no:cacheprovider --noconftest -m gpu -rs tests/gpu 2>&1 | tee "$OUT/gpu-tests.txt"
 tests_rc=${PIPESTATUS[0]}
 
 step "game renderer: numpy vs OpenGL on GPU 0"
