@@ -39,6 +39,38 @@ GPU_GAUGES: dict[str, tuple[str, str, float]] = {
 }
 
 
+# name -> (metric, help, heartbeat field, divisor to the metric's unit); "fps_ratio" is derived
+STREAM_QUANTILES: dict[str, tuple[str, str, str, float]] = {
+    "fps_ratio": ("render_broker_stream_fps_ratio",
+                  "Frames delivered / frames requested, over a pool's live sessions", "fps_ratio", 1.0),
+    "encode": ("render_broker_stream_encode_seconds", "Median conversion + encode time per frame, seconds",
+               "encode_ms", 1000.0),
+    "rtt": ("render_broker_stream_rtt_seconds", "Viewer round-trip time, seconds", "rtt_ms", 1000.0),
+    "jitter": ("render_broker_stream_jitter_seconds", "Viewer-reported jitter, seconds", "jitter_ms", 1000.0),
+    "loss": ("render_broker_stream_loss_ratio", "Viewer-reported packet loss, 0..1", "loss", 1.0),
+}
+# the low tail matters for delivered frames, the high tail for times and loss
+STREAM_QUANTILE_LABELS: dict[str, tuple[str, ...]] = {
+    "fps_ratio": ("0.05", "0.5"), "encode": ("0.5", "0.95"), "rtt": ("0.5", "0.95"), "jitter": ("0.5", "0.95"),
+    "loss": ("0.5", "0.95"),
+}
+
+
+def stream_value(session: dict[str, Any], field: str) -> float | None:
+    """One session's figure for ``field``; ``fps_ratio`` = fps / target fps (None until both are known)."""
+    if field == "fps_ratio":
+        fps, target = session.get("fps"), session.get("target_fps")
+        return None if fps is None or not target else min(float(fps) / float(target), 1.0)
+    value = session.get(field)
+    return None if value is None else float(value)
+
+
+def quantile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank quantile of an ascending, non-empty list (q in 0..1)."""
+    rank = max(1, -(-int(q * 1000) * len(sorted_values) // 1000))  # ceil(q * n), at least 1
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -56,8 +88,15 @@ class Metrics:
                                    ["status", "code"], registry=r)
         self.http_requests = Counter("render_broker_http_requests_total", "HTTP requests by method and status",
                                      ["method", "status"], registry=r)
-        self.stream = Gauge("render_broker_stream", "Per-session stream stats reported by nodes",
-                            ["pool", "session", "stat"], registry=r)
+        # Stream health per pool over the live sessions' last heartbeat: quantile labels are a fixed set,
+        # never a session id, so the series count follows pools, not sessions.
+        self.streams = Gauge("render_broker_streams", "Sessions whose node reports stream stats", ["pool"],
+                             registry=r)
+        self.stream = {name: Gauge(metric, doc, ["pool", "quantile"], registry=r)
+                       for name, (metric, doc, _field, _divisor) in STREAM_QUANTILES.items()}
+        self.stream_bitrate = Gauge("render_broker_stream_bits_per_second",
+                                    "Video sent to viewers per pool (sum of the sessions' measured send rate)",
+                                    ["pool"], registry=r)
         self.gpu = {f: Gauge(name, doc, GPU_LABELS, registry=r) for f, (name, doc, _scale) in GPU_GAUGES.items()}
         self.gpu_vram_total = Gauge("render_broker_gpu_vram_total_bytes",
                                     "GPU memory, bytes (NVML's figure, else the registered size)", GPU_LABELS,
@@ -83,13 +122,23 @@ class Metrics:
             self.seats_total.labels(name).set(p["seats_total"])
 
     def update_streams(self, hosts: list[dict[str, Any]]) -> None:
-        self.stream.clear()
+        """Per-pool stream quantiles from the sessions in live hosts' last heartbeats."""
+        for g in (self.streams, self.stream_bitrate, *self.stream.values()):
+            g.clear()
+        by_pool: dict[str, list[dict[str, Any]]] = {}
         for h in hosts:
-            for s in (h.get("telemetry") or {}).get("sessions", []):
-                for stat in ("fps", "encode_ms", "bitrate_bps", "target_bps", "rtt_ms", "jitter_ms", "loss",
-                             "keyframes"):
-                    if s.get(stat) is not None:
-                        self.stream.labels(h["pool"], s["id"], stat).set(s[stat])
+            if h.get("alive") is False:
+                continue  # an expired lease's figures are stale
+            by_pool.setdefault(h.get("pool") or "", []).extend((h.get("telemetry") or {}).get("sessions", []))
+        for pool, sessions in by_pool.items():
+            self.streams.labels(pool).set(len(sessions))
+            self.stream_bitrate.labels(pool).set(sum(s.get("bitrate_bps") or 0 for s in sessions))
+            for name, (_metric, _doc, field, divisor) in STREAM_QUANTILES.items():
+                values = sorted(v / divisor for v in (stream_value(s, field) for s in sessions) if v is not None)
+                if not values:
+                    continue
+                for q in STREAM_QUANTILE_LABELS[name]:
+                    self.stream[name].labels(pool, q).set(quantile(values, float(q)))
 
     def update_gpus(self, hosts: list[dict[str, Any]]) -> None:
         """Per-GPU gauges from host records (``LiveStore.get_hosts``): registration and last telemetry."""

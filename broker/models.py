@@ -117,6 +117,8 @@ SESSION_TELEMETRY_SCHEMA: Final = {
     "state": Field("str", default="running", choices=("starting", "running", "disconnected")),
     "last_input_ms": Field("int", nullable=True, minimum=0),
     "fps": Field("number", nullable=True, minimum=0, maximum=1000),
+    "target_fps": Field("number", nullable=True, minimum=0, maximum=1000,
+                        description="frame rate the session's ladder asks for (fps / target_fps = delivered share)"),
     "encode_ms": Field("number", nullable=True, minimum=0),
     "bitrate_bps": Field("number", nullable=True, minimum=0),
     "target_bps": Field("number", nullable=True, minimum=0),

@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 # (test extra) that the network-emulation harness in tests/netem uses for delay/jitter.
 DEB_PACKAGES=(xvfb openbox xterm xdotool x11-utils xclip chromium iproute2 iptables nftables
   gcc libc6-dev python3-dev libnetfilter-queue-dev
-  libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri libgles2)  # EGL + llvmpipe: the game's GL renderer without a GPU
+  libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri libgles2  # EGL + llvmpipe: the game's GL renderer without a GPU
+  prometheus)  # promtool: tests/infra/test_monitoring.py checks and unit-tests the alert rules
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

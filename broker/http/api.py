@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from aiohttp import web
+from redis.exceptions import RedisError
 
 from broker.auth import Principal, authenticate, mint_user_token
 from broker.errors import Forbidden, MalformedBody, PayloadTooLarge, ValidationError
@@ -281,6 +282,6 @@ async def metrics(request: web.Request) -> web.Response:
         hosts = await b.live.get_hosts(await b.live.host_ids())
         m.update_streams(hosts)
         m.update_gpus(hosts)
-    except Exception:  # Redis down: still serve process counters
+    except (RedisError, OSError):  # Redis down: still serve process counters
         pass
     return web.Response(body=m.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})

@@ -169,6 +169,7 @@ class NodeAgent:
             }
             for k in (
                 "fps",
+                "target_fps",
                 "encode_ms",
                 "bitrate_bps",
                 "target_bps",
