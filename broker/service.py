@@ -192,14 +192,16 @@ class Broker:
                  and s["id"] not in reported]
         return {"status": "ok", "start": start, "stop": stop, "lease_ttl_s": self.settings.host_lease_ttl_s}
 
-    async def set_host_state(self, who: Principal, host_id: str, state: HostState) -> dict[str, Any]:
+    async def set_host_state(self, who: Principal, host_id: str, state: HostState,
+                             reason: str = "") -> dict[str, Any]:
+        """Drain (no new sessions) or undrain a host; ``reason`` goes into the audit record."""
         status, _ = await self.live.set_host_state(host_id, state, self.clock())
         if status == "not_found":
             raise NotFound(f"no host {host_id!r}", field="host")
         if status == "down":
             raise Conflict(f"host {host_id!r} is down", field="host")
         action = "host.drain" if state == HostState.DRAINING else "host.undrain"
-        await self.repo.audit(self.clock(), who.name, who.role, action, host_id)
+        await self.repo.audit(self.clock(), who.name, who.role, action, host_id, {"reason": reason} if reason else None)
         return await self.get_host(host_id)
 
     @staticmethod

@@ -32,6 +32,8 @@ def principal(request: web.Request) -> Principal:
     return authenticate(header, admin_token=s.admin_token, node_token=s.node_token, secret=s.secret,
                         now_s=time.time())
 
+DRAIN_REASON_MAX = 200  # characters of a drain/undrain reason kept in the audit record
+
 
 def require(request: web.Request, *roles: Role) -> Principal:
     who = principal(request)
@@ -165,16 +167,29 @@ async def heartbeat(request: web.Request) -> web.Response:
     return ok(await request.app[BROKER].heartbeat(request.match_info["id"], await read_json(request)))
 
 
+async def _drain_reason(request: web.Request) -> str:
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise ValidationError("body: expected a JSON object", field="body")
+    reason = body.get("reason", "")
+    if not isinstance(reason, str) or len(reason) > DRAIN_REASON_MAX:
+        raise ValidationError(f"reason: a string of at most {DRAIN_REASON_MAX} characters", field="reason")
+    return reason
+
+
 @routes.post(f"{API_PREFIX}/hosts/{{id}}/drain")
 async def drain(request: web.Request) -> web.Response:
-    who = require(request, Role.ADMIN)
-    return ok(await request.app[BROKER].set_host_state(who, request.match_info["id"], HostState.DRAINING))
+    """An admin, or the host's own node (its watchdog, a rolling restart), stops new sessions there."""
+    who = require(request, Role.ADMIN, Role.NODE)
+    reason = await _drain_reason(request)
+    return ok(await request.app[BROKER].set_host_state(who, request.match_info["id"], HostState.DRAINING, reason))
 
 
 @routes.post(f"{API_PREFIX}/hosts/{{id}}/undrain")
 async def undrain(request: web.Request) -> web.Response:
-    who = require(request, Role.ADMIN)
-    return ok(await request.app[BROKER].set_host_state(who, request.match_info["id"], HostState.UP))
+    who = require(request, Role.ADMIN, Role.NODE)
+    reason = await _drain_reason(request)
+    return ok(await request.app[BROKER].set_host_state(who, request.match_info["id"], HostState.UP, reason))
 
 
 @routes.delete(f"{API_PREFIX}/hosts/{{id}}")

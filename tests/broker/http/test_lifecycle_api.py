@@ -189,3 +189,23 @@ async def test_state_survives_a_broker_restart(aiohttp_client, settings_factory,
     assert got["state"] == "starting" and got["host"] == "p1-h0"
     r = await c2.post("/api/v1/sessions", json={"pool": "p1"}, headers=auth(tok))
     assert (await r.json())["id"] == s["id"]
+
+
+async def test_a_node_drains_its_host_with_a_reason_and_users_cannot(api) -> None:
+    await setup_pool(api, "p1", hosts=1, max_sessions_per_gpu=2)
+    r = await api.post("/api/v1/hosts/p1-h0/drain", json={"reason": "watchdog: GPU 0 at 93 C"}, headers=auth(NODE))
+    assert r.status == 200 and (await r.json())["state"] == "draining"
+    r = await api.post("/api/v1/hosts/p1-h0/undrain", json={"reason": "watchdog: healthy for 300 s"},
+                       headers=auth(NODE))
+    assert r.status == 200 and (await r.json())["state"] == "up"
+    entries = (await (await api.get("/api/v1/audit", headers=auth(ADMIN))).json())["entries"]
+    got = {(e["action"], e["role"], (e.get("detail") or {}).get("reason")) for e in entries
+           if e["action"].startswith("host.")}
+    assert {("host.drain", "node", "watchdog: GPU 0 at 93 C"),
+            ("host.undrain", "node", "watchdog: healthy for 300 s")} <= got
+    user = await user_token(api, "u1")
+    assert (await api.post("/api/v1/hosts/p1-h0/drain", headers=auth(user))).status == 403
+    r = await api.post("/api/v1/hosts/p1-h0/drain", json={"reason": "x" * 201}, headers=auth(NODE))
+    assert r.status == 422 and (await r.json())["field"] == "reason"
+    r = await api.post("/api/v1/hosts/p1-h0/drain", json=["not", "an", "object"], headers=auth(NODE))
+    assert r.status == 422 and (await r.json())["field"] == "body"
