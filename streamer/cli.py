@@ -38,7 +38,7 @@ async def _run(settings: object) -> int:
 
     agent = NodeAgent(settings)  # type: ignore[arg-type]
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, agent.stop)
+    loop.add_signal_handler(signal.SIGINT, agent.stop)  # Ctrl-C: now
+    loop.add_signal_handler(signal.SIGTERM, agent.request_shutdown)  # rolling restart: drain, warn, wait
     await agent.run()
     return 0

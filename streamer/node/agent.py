@@ -74,6 +74,8 @@ class NodeAgent:
             game_renderer=settings.game_renderer,
         )
         self._telemetry = GpuTelemetry()
+        self._shutting_down = False
+        self._session_gone = asyncio.Event()  # set whenever a session leaves this node
 
     # ---- plumbing ------------------------------------------------------------------------
     @property
@@ -113,6 +115,48 @@ class NodeAgent:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def request_shutdown(self) -> None:
+        """SIGTERM (a rolling restart): shut down gracefully; a second request stops at once."""
+        if self._shutting_down:
+            self.stop()
+            return
+        self._shutting_down = True
+        asyncio.get_running_loop().create_task(self.shutdown(self.s.shutdown_grace_s), name="shutdown")
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Drain this host, warn every viewer with a countdown, wait up to ``grace_s`` for the sessions
+        to end (users leave, or the broker ends them), then stop.  With no session, stop at once."""
+        if grace_s > 0 and (self.sessions or self._starting):
+            await self.set_drained(True, f"node shutting down (SIGTERM), grace {grace_s:g} s")
+            ends_in = int(grace_s)
+            for rt in list(self.sessions.values()):
+                with contextlib.suppress(Exception):
+                    await rt.warn("node_restart", f"This machine restarts for maintenance in {ends_in} s: "
+                                                  "save your work.", ends_in)
+            deadline = asyncio.get_running_loop().time() + grace_s
+            while self.sessions or self._starting:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    log.info("shutdown grace of %g s over with %d session(s) left", grace_s, len(self.sessions))
+                    break
+                self._session_gone.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._session_gone.wait(), left)
+        self.stop()
+
+    async def set_drained(self, drained: bool, reason: str) -> bool:
+        """Ask the broker to drain (no new sessions) or undrain this host; False when it did not answer yes."""
+        path = f"/hosts/{self.host_id}/{'drain' if drained else 'undrain'}"
+        try:
+            async with self.http.post(self._url(path), json={"reason": reason}) as r:
+                if r.status == 200:
+                    log.info("host %s: %s (%s)", self.host_id, "drained" if drained else "undrained", reason)
+                    return True
+                log.warning("host %s: %s refused: %s %s", self.host_id, path, r.status, await r.text())
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.warning("host %s: %s failed: %s", self.host_id, path, exc)
+        return False
 
     async def stop_all(self, why: str) -> None:
         for t in list(self._starting.values()):
@@ -283,6 +327,7 @@ class NodeAgent:
             log.exception("session %s failed to start", sid)
             await self._report(sid, "ended", "start_failed")
             del self._starting[sid]
+            self._session_gone.set()
             if rt is not None:
                 with contextlib.suppress(Exception):
                     await rt.stop(f"start failed: {exc}")
@@ -316,6 +361,7 @@ class NodeAgent:
         if rt is not None:
             await rt.stop(why)
             log.info("session %s stopped: %s", sid, why)
+        self._session_gone.set()
         if report:
             await self._report(sid, "ended", "node_ended")
 

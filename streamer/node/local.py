@@ -62,6 +62,7 @@ async def run() -> int:
             procs.append(await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "streamer", "--broker-url", url, f"--node-token={node}", "--pool", pool,
                 "--host-id", f"local-{pool}", "--seats", str(NODE_SEATS), "--advertise-addresses", "127.0.0.1",
+                "--shutdown-grace-s", "0",  # Ctrl-C on a demo machine stops now, not after a rolling-restart grace
                 env=env, start_new_session=True))
         print(f"\nrender-broker is up:\n  client:    {url}/\n  dashboard: {url}/web/admin.html\n"
               f"  admin token: {admin}\n  pools: desktop, game (guests allowed: "

@@ -40,6 +40,10 @@ class NodeSettings:
     game_renderer: str = opt("auto", "Built-in game renderer: auto (OpenGL through EGL on the session's GPU on a "
                                      "host with NVIDIA GPUs, numpy elsewhere or when GL cannot start), gl, cpu")
     game_command: list[str] = opt([], argv=True, help="Command a game session runs; empty = the built-in renderer")
+    shutdown_grace_s: float = opt(60.0, "On SIGTERM (a rolling restart): drain this host, warn viewers, and wait up "
+                                        "to this long for sessions to end before stopping; 0 stops at once. Keep "
+                                        "it under the pod's terminationGracePeriodSeconds. A second SIGTERM or "
+                                        "SIGINT stops at once")
     log_level: str = opt("info", "Logging level")
 
     def resolved_host_id(self) -> str:

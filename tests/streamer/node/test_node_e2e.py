@@ -45,13 +45,14 @@ def session_pids(kind: str) -> set[int]:
 
 
 @contextlib.asynccontextmanager
-async def node_process(broker_url: str, pool: str, host_id: str,
-                       log: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+async def node_process(broker_url: str, pool: str, host_id: str, log: Path,
+                       shutdown_grace_s: float = 0) -> AsyncIterator[asyncio.subprocess.Process]:
     with open(log, "ab") as fh:  # noqa: ASYNC230 (a local log file, opened once)
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "streamer", "--broker-url", broker_url, "--node-token", NODE, "--pool", pool,
             "--host-id", host_id, "--seats", "1", "--advertise-addresses", "127.0.0.1",
-            "--heartbeat-interval-s", "1", stdout=fh, stderr=fh, start_new_session=True)
+            "--heartbeat-interval-s", "1", "--shutdown-grace-s", str(shutdown_grace_s), stdout=fh, stderr=fh,
+            start_new_session=True)
     try:
         yield proc
     finally:
@@ -220,3 +221,36 @@ async def test_signaling_relays_across_two_broker_replicas(redis_url: str, prefi
             await viewer.close()
             # the viewer left: the node reports it and the broker marks the session disconnected
             await wait_state(http, a.url, s["id"], token, {"disconnected"})
+
+
+async def test_sigterm_drains_warns_and_waits_for_the_session_to_end(system, tmp_path: Path) -> None:
+    """A rolling restart: SIGTERM drains the host and warns the viewer with a countdown; the live
+    session keeps streaming; the node exits once the user ends it, long before the grace runs out."""
+    url, http = system
+    grace_s = 60
+    token, s = await start_session(http, url, "game", "game", "gamer", {"width": 320, "height": 240, "fps": 30})
+    async with node_process(url, "game", "node-roll", tmp_path / "node.log", shutdown_grace_s=grace_s) as node:
+        await wait_host(http, url, "node-roll")
+        await wait_state(http, url, s["id"], token, {"running"})
+        viewer = Viewer()
+        async with http.ws_connect(f"{url}/api/v1/sessions/{s['id']}/signal?access_token={token}") as ws:
+            await viewer.connect(BrokerSignal(ws))
+            await viewer.wait_frames(5)
+            node.send_signal(signal.SIGTERM)
+            warn = await viewer.wait_message(lambda m: m.get("t") == "warn", "the restart warning")
+            assert warn["code"] == "node_restart" and warn["ends_in_s"] == grace_s
+            async with http.get(f"{url}/api/v1/hosts/node-roll", headers=auth(ADMIN)) as r:
+                assert (await r.json())["state"] == "draining"
+            seen = len(viewer.frames)
+            await viewer.wait_frames(5, after=seen)  # still streaming during the grace
+            assert node.returncode is None
+            t0 = time.monotonic()
+            async with http.delete(f"{url}/api/v1/sessions/{s['id']}", headers=auth(token)) as r:
+                assert r.status == 200
+            assert await asyncio.wait_for(node.wait(), 20) == 0
+            assert time.monotonic() - t0 < grace_s / 2
+        await viewer.close()
+        async with http.get(f"{url}/api/v1/audit?action=host.drain", headers=auth(ADMIN)) as r:
+            entries = (await r.json())["entries"]
+        assert any(e["target"] == "node-roll" and e["role"] == "node" and "SIGTERM" in e["detail"]["reason"]
+                   for e in entries)
