@@ -37,8 +37,10 @@ import aiohttp
 from broker.protocol import API_PREFIX, NodeCommand
 from streamer.media.session import RuntimeConfig, SessionRuntime, SessionSpec
 from streamer.node.gpus import GpuInfo, GpuTelemetry
+from streamer.node.health import NodeHealth
 from streamer.node.inventory import take_inventory
 from streamer.node.settings import NodeSettings
+from streamer.node.watchdog import Limits
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,10 @@ class NodeAgent:
             game_renderer=settings.game_renderer,
         )
         self._telemetry = GpuTelemetry()
+        self.health = NodeHealth(Limits(max_temp_c=settings.watchdog_max_temp_c,
+                                        max_loop_lag_ms=settings.watchdog_max_loop_lag_ms,
+                                        healthy_hold_ms=int(settings.watchdog_healthy_hold_s * 1000)),
+                                 enabled=settings.watchdog)
         self._shutting_down = False
         self._session_gone = asyncio.Event()  # set whenever a session leaves this node
 
@@ -98,10 +104,14 @@ class NodeAgent:
             tasks = [
                 asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
                 asyncio.create_task(self._command_loop(), name="commands"),
+                asyncio.create_task(self.health.run_lag_monitor(), name="loop-lag"),
             ]
+            runner = await self.health.serve(self.s.health_host, self.s.health_port) if self.s.health_port else None
             try:
                 await self._stop.wait()
             finally:
+                if runner is not None:
+                    await runner.cleanup()
                 for t in tasks:
                     t.cancel()
                 for t in tasks:
@@ -145,6 +155,12 @@ class NodeAgent:
                     await asyncio.wait_for(self._session_gone.wait(), left)
         self.stop()
 
+    async def _watch(self, gpus: list[dict[str, Any]]) -> None:
+        """One watchdog step on this heartbeat's figures; a drain/undrain goes to the broker with its reason."""
+        decision = self.health.step(gpus, len(self.sessions), int(time.time() * 1000))
+        if decision.action in ("drain", "undrain") and not self._shutting_down:
+            await self.set_drained(decision.action == "drain", f"watchdog: {decision.reason}")
+
     async def set_drained(self, drained: bool, reason: str) -> bool:
         """Ask the broker to drain (no new sessions) or undrain this host; False when it did not answer yes."""
         path = f"/hosts/{self.host_id}/{'drain' if drained else 'undrain'}"
@@ -179,6 +195,7 @@ class NodeAgent:
             if r.status != 201:
                 raise RuntimeError(f"register failed: {r.status} {await r.text()}")
         self.registered.set()
+        self.health.registered = True
         log.info("registered host %s in pool %s (%d GPU/seat group(s))", self.host_id, self.s.pool, len(self.gpus))
 
     async def _heartbeat_loop(self) -> None:
@@ -188,6 +205,7 @@ class NodeAgent:
                 if not self.registered.is_set():
                     await self.register()
                 await self.heartbeat()
+                self.health.beat(True)
                 backoff = 0.2
                 await asyncio.sleep(self.s.heartbeat_interval_s)
             except asyncio.CancelledError:
@@ -198,6 +216,7 @@ class NodeAgent:
                 self.stop()
                 return
             except Exception as exc:  # task boundary: broker away or refusing; retry with backoff
+                self.health.beat(False)
                 log.warning("heartbeat/register failed: %s (retry in %.1f s)", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, RETRY_MAX_S)
@@ -231,6 +250,7 @@ class NodeAgent:
         gpus = await asyncio.to_thread(self._telemetry.read, [g.index for g in self.gpus]) \
             if self.runtime_config.gpu_render else [{"index": g.index} for g in self.gpus]
         body = {"gpus": gpus, "sessions": sessions}
+        await self._watch(gpus)
         async with self.http.put(self._url(f"/hosts/{self.host_id}/heartbeat"), json=body) as r:
             data = await r.json()
             if r.status == 410 and data.get("retired"):
@@ -326,6 +346,7 @@ class NodeAgent:
         except Exception as exc:  # task boundary: the session fails, the node lives on
             log.exception("session %s failed to start", sid)
             await self._report(sid, "ended", "start_failed")
+            self.health.session_failures += 1
             del self._starting[sid]
             self._session_gone.set()
             if rt is not None:
@@ -351,6 +372,8 @@ class NodeAgent:
         elif event == "disconnected":
             await self._report(sid, "disconnected")
         elif event == "ended":
+            if info.get("reason") == "capture_failed":  # the frame pipeline (capture or encoder) gave up
+                self.health.session_failures += 1
             await self._stop_session(sid, info.get("reason", "app exited"), report=True)
 
     async def _stop_session(self, sid: str, why: str, *, report: bool) -> None:

@@ -44,6 +44,14 @@ class NodeSettings:
                                         "to this long for sessions to end before stopping; 0 stops at once. Keep "
                                         "it under the pod's terminationGracePeriodSeconds. A second SIGTERM or "
                                         "SIGINT stops at once")
+    watchdog: bool = opt(True, "Drain this host when it is sick (GPU hot or throttled, VRAM leaking, sessions "
+                               "failing, event loop late) and undrain it after it stays healthy")
+    watchdog_max_temp_c: float = opt(90.0, "Watchdog: a GPU this hot (Celsius) drains the host")
+    watchdog_max_loop_lag_ms: float = opt(1000.0, "Watchdog: the node's event loop this late (ms) drains the host")
+    watchdog_healthy_hold_s: float = opt(300.0, "Watchdog: healthy this long (s) before the host takes sessions "
+                                                "again; 3 trips within an hour keep it drained for an operator")
+    health_host: str = opt("0.0.0.0", "Address of the node's /healthz endpoint")
+    health_port: int = opt(0, "TCP port of the node's /healthz endpoint (Kubernetes probes); 0 = off")
     log_level: str = opt("info", "Logging level")
 
     def resolved_host_id(self) -> str:

@@ -1,0 +1,99 @@
+"""The node's own health: event-loop lag, the watchdog's state between heartbeats, and ``/healthz``.
+
+Job: the thin effectful side of ``streamer.node.watchdog`` (which is pure).  ``NodeHealth``
+- measures how late the node's event loop runs a 100 ms timer (``run_lag_monitor``, a task),
+- feeds the watchdog one ``Sample`` per heartbeat (``step``) and returns its decision for the agent
+  to apply (drain/undrain through the broker), logging the reason,
+- serves ``GET /healthz`` on ``NODE_HEALTH_PORT`` for Kubernetes probes: 200 while the node is
+  registered and heartbeats reach the broker, 503 otherwise, with the watchdog's state as JSON.
+
+Concurrency model: everything runs on the agent's event loop; no locks needed.
+Invariants: the watchdog state only changes in ``step``; the lag figure handed to a sample is the
+worst lag since the previous sample (then reset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from aiohttp import web
+
+from streamer.node.watchdog import Decision, Limits, Sample, WatchdogState, decide
+
+log = logging.getLogger(__name__)
+
+LAG_TICK_S: Final = 0.1  # the lag monitor's timer period
+
+
+@dataclass
+class HeartbeatStatus:
+    ok: bool = False  # the last heartbeat reached the broker
+    at_ms: int | None = None
+
+
+class NodeHealth:
+    """Watchdog state, loop lag and the health endpoint of one node (see module docstring)."""
+
+    def __init__(self, limits: Limits, enabled: bool = True) -> None:
+        self.limits = limits
+        self.enabled = enabled
+        self.state = WatchdogState()
+        self.last_decision = Decision("none", "")
+        self.worst_lag_ms = 0.0
+        self.session_failures = 0  # sessions that failed to start or whose capture/encoder gave up
+        self.heartbeat = HeartbeatStatus()
+        self.registered = False
+
+    async def run_lag_monitor(self) -> None:
+        """Forever: how late a 100 ms timer fires is how late the loop serves everything else."""
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + LAG_TICK_S
+            await asyncio.sleep(LAG_TICK_S)
+            self.worst_lag_ms = max(self.worst_lag_ms, (loop.time() - due) * 1000.0)
+
+    def step(self, gpus: Sequence[dict[str, Any]], sessions: int, now_ms: int) -> Decision:
+        """One watchdog decision from this heartbeat's figures (the lag window restarts)."""
+        sample = Sample(gpus=gpus, sessions=sessions, session_failures=self.session_failures,
+                        loop_lag_ms=self.worst_lag_ms)
+        self.worst_lag_ms = 0.0
+        if not self.enabled:
+            return Decision("none", "")
+        decision, self.state = decide(self.state, sample, now_ms, self.limits)
+        if decision.action != "none":
+            self.last_decision = decision
+            log.warning("watchdog: %s: %s", decision.action, decision.reason)
+        return decision
+
+    def beat(self, ok: bool) -> None:
+        self.heartbeat = HeartbeatStatus(ok, int(time.time() * 1000))
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "registered": self.registered,
+            "heartbeat_ok": self.heartbeat.ok,
+            "heartbeat_at_ms": self.heartbeat.at_ms,
+            "watchdog": {"enabled": self.enabled, "drained": self.state.drained, "held": self.state.held,
+                         "last_action": self.last_decision.action, "last_reason": self.last_decision.reason,
+                         "trips": len(self.state.trips_ms)},
+        }
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        body = self.report()
+        healthy = self.registered and self.heartbeat.ok
+        return web.json_response({"status": "ok" if healthy else "unhealthy", **body}, status=200 if healthy else 503)
+
+    async def serve(self, host: str, port: int) -> web.AppRunner:
+        """Start ``/healthz`` on ``host:port``; the caller cleans the runner up."""
+        app = web.Application()
+        app.router.add_get("/healthz", self.healthz)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
+        log.info("health endpoint on http://%s:%d/healthz", host, port)
+        return runner
