@@ -31,7 +31,7 @@ from broker.db.repository import Repository
 from broker.embedded import EmbeddedRedis
 from broker.errors import BrokerError, MalformedBody, NotFound, Unavailable
 from broker.http import realtime  # noqa: F401  (registers the streaming routes on broker.http.api.routes)
-from broker.http.api import routes
+from broker.http.api import path_params_middleware, routes
 from broker.http.openapi import openapi_document
 from broker.http.plans import SCALER, plan_routes
 from broker.hub import Hub
@@ -185,7 +185,8 @@ async def admin_page(_request: web.Request) -> web.StreamResponse:
 
 def create_app(settings: BrokerSettings, *, clock: Clock = wall_clock_ms) -> web.Application:
     """Build a broker application; resources start when the app starts."""
-    app = web.Application(middlewares=[problem_middleware], client_max_size=settings.max_body_bytes)
+    app = web.Application(middlewares=[problem_middleware, path_params_middleware],
+                          client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
     app.cleanup_ctx.append(_redis_ctx)

@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import re
 import secrets
 import sys
 from collections.abc import Sequence
@@ -29,12 +30,27 @@ def _fill_secrets(s: BrokerSettings) -> tuple[BrokerSettings, list[str]]:
     return dataclasses.replace(s, **changes), generated
 
 
+TOKEN_IN_URL = re.compile(r"(access_token=)[^&\s\"']+")
+
+
+class RedactTokens(logging.Filter):
+    """Replace ``access_token=...`` in every log line (access logs of SSE/WebSocket URLs) with a mark."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "access_token=" in text:
+            record.msg, record.args = TOKEN_IN_URL.sub(r"\1[redacted]", text), None
+        return True
+
+
 def serve(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="render-broker serve",
                                      description="Run the broker. Settings: CLI > env BROKER_* > TOML file > "
                                                  "defaults.")
     settings, _ = load(BrokerSettings, argv, os.environ, "BROKER_", parser)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactTokens())
     if settings.log_level.lower() != "debug":
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # heartbeats would flood the log
     settings, generated = _fill_secrets(settings)
@@ -44,8 +60,13 @@ def serve(argv: Sequence[str]) -> int:
     from broker.app import create_app
 
     print(f"render-broker listening on http://{settings.host}:{settings.port}/", flush=True)
-    web.run_app(create_app(settings), host=settings.host, port=settings.port, print=None,
-                handle_signals=True, shutdown_timeout=5)
+    try:
+        web.run_app(create_app(settings), host=settings.host, port=settings.port, print=None,
+                    handle_signals=True, shutdown_timeout=5)
+    except OSError as exc:  # a busy port or an address this machine does not have: one line, not a traceback
+        print(f"render-broker: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
     return 0
 
 

@@ -333,7 +333,9 @@ class VideoEncoder:
         self.stats.note_bitrate_change(
             reopened=decision.action is Action.REOPEN, costs_keyframe=decision.costs_keyframe
         )
-        log.info("%s: %s", self._backend.name, decision.reason)
+        # a live change can come every control step (100 ms): debug; a reopen (new keyframe) is worth a line
+        log.log(logging.INFO if decision.action is Action.REOPEN else logging.DEBUG, "%s: %s", self._backend.name,
+                decision.reason)
 
     def _next_pts(self, src: InputFrame, pts: int | None) -> int:
         if pts is None and isinstance(src, av.VideoFrame) and src.pts is not None and src.time_base:

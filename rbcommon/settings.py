@@ -53,6 +53,14 @@ def _coerce(f: dataclasses.Field[Any], raw: Any, name: str) -> Any:
     return raw
 
 
+def _coerce_or_exit(f: dataclasses.Field[Any], raw: Any, name: str) -> Any:
+    """``_coerce``, with a one-line error instead of a traceback for a bad value (``--port abc``)."""
+    try:
+        return _coerce(f, raw, name)
+    except ValueError as exc:
+        raise SystemExit(f"{name}: bad value {raw!r}: {exc}") from None
+
+
 def load(cls: type[S], argv: Sequence[str] | None, env: Mapping[str, str], env_prefix: str,
          parser: argparse.ArgumentParser | None = None) -> tuple[S, argparse.Namespace]:
     """Build a settings dataclass from CLI > env > TOML file > defaults."""
@@ -71,10 +79,10 @@ def load(cls: type[S], argv: Sequence[str] | None, env: Mapping[str, str], env_p
     for f in fields(cls):  # type: ignore[arg-type]
         key = env_prefix + f.name.upper()
         if key in env:
-            values[f.name] = _coerce(f, env[key], key)
+            values[f.name] = _coerce_or_exit(f, env[key], key)
         cli = getattr(ns, f.name, None)
         if cli is not None:
-            values[f.name] = _coerce(f, cli, "--" + f.name.replace("_", "-"))
+            values[f.name] = _coerce_or_exit(f, cli, "--" + f.name.replace("_", "-"))
     return cls(**values), ns
 
 

@@ -8,8 +8,10 @@ turned into problem bodies by ``broker.app.problem_middleware``.
 from __future__ import annotations
 
 import json
+import re
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
 
 from aiohttp import web
 from redis.exceptions import RedisError
@@ -17,22 +19,27 @@ from redis.exceptions import RedisError
 from broker.auth import Principal, authenticate, mint_user_token
 from broker.errors import Forbidden, MalformedBody, PayloadTooLarge, ValidationError
 from broker.keys_app import BROKER, METRICS, SETTINGS
-from broker.models import TOKEN_SCHEMA, parse_user
+from broker.models import NAME_RE, TOKEN_SCHEMA, parse_user
 from broker.protocol import API_PREFIX, HostState, Role
 from broker.validate import validate
 
 routes = web.RouteTableDef()
 
 
-def principal(request: web.Request) -> Principal:
+def principal(request: web.Request, *, query_token: bool = False) -> Principal:
+    """Who calls: the ``Authorization`` header; ``?access_token=`` only where ``query_token`` says so
+    (the SSE and WebSocket routes: EventSource and WebSocket cannot set headers), so tokens stay out
+    of REST URLs and their logs."""
     s = request.app[SETTINGS]
     header = request.headers.get("Authorization")
-    if header is None and request.query.get("access_token"):  # EventSource/WebSocket cannot set headers
+    if header is None and query_token and request.query.get("access_token"):
         header = "Bearer " + request.query["access_token"]
     return authenticate(header, admin_token=s.admin_token, node_token=s.node_token, secret=s.secret,
                         now_s=time.time())
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DRAIN_REASON_MAX = 200  # characters of a drain/undrain reason kept in the audit record
+JSON_MAX_DEPTH = 32  # nesting levels a request body or a signaling message may have
 
 
 def require(request: web.Request, *roles: Role) -> Principal:
@@ -51,10 +58,54 @@ async def read_json(request: web.Request) -> Any:
         raise PayloadTooLarge(f"body exceeds {limit} bytes", field="body")
     if not raw.strip():
         return {}
+    return parse_json(raw, "body")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(raw: bytes | str, field: str) -> Any:
+    """Strict JSON: no NaN/Infinity, nesting at most ``JSON_MAX_DEPTH``; else ``MalformedBody`` naming ``field``."""
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise MalformedBody(f"body is not valid JSON: {exc}", field="body") from exc
+        value = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError as exc:
+        raise MalformedBody(f"{field}: nested too deeply", field=field) from exc
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise MalformedBody(f"{field} is not valid JSON: {exc}", field=field) from exc
+    if _depth(value) > JSON_MAX_DEPTH:
+        raise MalformedBody(f"{field}: nested deeper than {JSON_MAX_DEPTH} levels", field=field)
+    return value
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a parsed JSON value, iteratively (a deep value must not recurse here either)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            deepest = max(deepest, d)
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, list):
+            deepest = max(deepest, d)
+            stack.extend((x, d + 1) for x in v)
+    return deepest
+
+
+# Path parameters by route variable: the rule and the field a problem names.  Checked before any
+# handler runs, so a name can never carry key syntax (":") into a Redis key.
+SESSION_ID_RE: Final = re.compile(r"^[0-9a-f]{32}$")
+PATH_RULES: Final = {"name": (NAME_RE, "pool"), "id": (NAME_RE, "host"), "sid": (SESSION_ID_RE, "session")}
+
+
+@web.middleware
+async def path_params_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse a malformed pool, host or session id in the URL path with a 422 naming the field."""
+    for key, value in request.match_info.items():
+        rule = PATH_RULES.get(key)
+        if rule is not None and not rule[0].match(value):
+            raise ValidationError(f"{rule[1]}: {value[:80]!r} must match {rule[0].pattern}", field=rule[1])
+    return await handler(request)
 
 
 def ok(data: Any, status: int = 200) -> web.Response:

@@ -25,10 +25,12 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from broker.errors import Conflict, NotFound
-from broker.http.api import principal, require, routes
+from broker.errors import Conflict, MalformedBody, NotFound
+from broker.http.api import parse_json, principal, require, routes
 from broker.keys_app import BROKER, HUB
 from broker.protocol import API_PREFIX, SIGNAL_MAX_BYTES, NodeCommand, Role, SessionState, SignalType
+
+SIGNAL_TYPES = frozenset(t.value for t in SignalType)
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +43,22 @@ async def _sse_send(resp: web.StreamResponse, event: str, data: dict[str, Any]) 
 
 @routes.get(f"{API_PREFIX}/sessions/{{sid}}/events")
 async def session_events(request: web.Request) -> web.StreamResponse:
-    who = principal(request)
+    who = principal(request, query_token=True)
     b, hub = request.app[BROKER], request.app[HUB]
     sid = request.match_info["sid"]
     view = await b.get_session(who, sid)
-    keys = b.live.keys
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                        "X-Accel-Buffering": "no"})
     await resp.prepare(request)
+    try:
+        await _stream_events(resp, b, hub, sid, view)
+    except ConnectionResetError:  # the viewer closed the page: normal, not an error worth a traceback
+        log.debug("events stream of session %s closed by the client", sid)
+    return resp
+
+
+async def _stream_events(resp: web.StreamResponse, b: Any, hub: Any, sid: str, view: dict[str, Any]) -> None:
+    keys = b.live.keys
     async with hub.listen(keys.chan_session(sid), keys.chan_pool(view["pool"])) as q:
         last: tuple[Any, ...] | None = None
         while True:
@@ -68,7 +78,6 @@ async def session_events(request: web.Request) -> web.StreamResponse:
                 await _sse_send(resp, "warning", msg)
                 continue
             view = await b.session_view(sid)
-    return resp
 
 
 @routes.get(f"{API_PREFIX}/hosts/{{id}}/commands")
@@ -111,12 +120,14 @@ async def _forward(q: asyncio.Queue[bytes], ws: web.WebSocketResponse, b: Any) -
 
 async def _from_node(b: Any, host_id: str, data: str, ws: web.WebSocketResponse) -> None:
     try:
-        msg = json.loads(data)
+        msg = parse_json(data, "message")
+        if not isinstance(msg, dict):
+            raise ValueError("expected a JSON object")
         sid = str(msg["session_id"])
         inner = msg["msg"]
         if msg.get("cmd") != NodeCommand.SIGNAL.value or not isinstance(inner, dict):
             raise ValueError("expected a signal command")
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, MalformedBody) as exc:
         await ws.send_json({"cmd": "error", "detail": f"bad node message: {exc}"})
         return
     s = await b.live.get_session(sid)
@@ -128,7 +139,7 @@ async def _from_node(b: Any, host_id: str, data: str, ws: web.WebSocketResponse)
 
 @routes.get(f"{API_PREFIX}/sessions/{{sid}}/signal")
 async def signal(request: web.Request) -> web.WebSocketResponse:
-    who = principal(request)
+    who = principal(request, query_token=True)
     b, hub = request.app[BROKER], request.app[HUB]
     sid = request.match_info["sid"]
     s = await b.live.get_session(sid)
@@ -155,10 +166,11 @@ async def signal(request: web.Request) -> web.WebSocketResponse:
                 if msg.type != WSMsgType.TEXT:
                     continue
                 try:
-                    inner = json.loads(msg.data)
-                    if not isinstance(inner, dict) or inner.get("type") not in {t.value for t in SignalType}:
+                    inner = parse_json(msg.data, "message")
+                    if not isinstance(inner, dict) or not isinstance(inner.get("type"), str) \
+                            or inner["type"] not in SIGNAL_TYPES:
                         raise ValueError("type must be a signaling message type")
-                except ValueError as exc:
+                except (ValueError, MalformedBody) as exc:  # a bad frame is answered, the socket lives on
                     await ws.send_json({"type": SignalType.ERROR.value, "code": "bad_signal", "detail": str(exc)})
                     continue
                 await b.touch_session(sid)

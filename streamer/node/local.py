@@ -64,7 +64,7 @@ async def run() -> int:
                 "--host-id", f"local-{pool}", "--seats", str(NODE_SEATS), "--advertise-addresses", "127.0.0.1",
                 "--shutdown-grace-s", "0",  # Ctrl-C on a demo machine stops now, not after a rolling-restart grace
                 env=env, start_new_session=True))
-        print(f"\nrender-broker is up:\n  client:    {url}/\n  dashboard: {url}/web/admin.html\n"
+        print(f"\nrender-broker is up:\n  client:    {url}/\n  dashboard: {url}/admin\n"
               f"  admin token: {admin}\n  pools: desktop, game (guests allowed: "
               f"{env.get('BROKER_ALLOW_GUESTS', 'false')})\nCtrl-C stops everything.\n", flush=True)
         waiters = [asyncio.create_task(p.wait()) for p in procs]

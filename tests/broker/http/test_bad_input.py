@@ -123,3 +123,52 @@ async def test_unknown_route_is_a_json_problem(api) -> None:
     assert r.status == 404 and (await r.json())["code"] == "not_found"
     r = await api.get("/api/v1/audit?limit=abc", headers=auth(ADMIN))
     assert_problem(r.status, await r.json(), 422, "limit")
+
+
+@pytest.mark.parametrize(("method", "path", "field"), [
+    ("DELETE", "/api/v1/pools/kq:queue", "pool"),
+    ("DELETE", "/api/v1/pools/kq:hosts", "pool"),
+    ("GET", "/api/v1/pools/kq:queue", "pool"),
+    ("GET", "/api/v1/hosts/h0:lease", "host"),
+    ("DELETE", "/api/v1/hosts/h0:sessions?force=true", "host"),
+    ("GET", "/api/v1/sessions/abc:def", "session"),
+    ("GET", "/api/v1/sessions/ZZZ", "session"),
+])
+async def test_key_syntax_in_a_path_never_reaches_redis(api, method, path, field) -> None:
+    await setup_pool(api, "kq", hosts=1)
+    before = await snapshot(api)
+    r = await api.request(method, path, headers=auth(ADMIN))
+    assert_problem(r.status, await r.json(), 422, field)
+    assert await snapshot(api) == before
+    assert (await api.get("/api/v1/pools/kq", headers=auth(ADMIN))).status == 200
+
+
+@pytest.mark.parametrize(("raw", "detail"), [
+    ("[" * 20_000 + "]" * 20_000, "nested too deeply"),
+    ('{"a":' * 40 + "1" + "}" * 40, "nested deeper than 32"),
+    ('{"max_sessions_per_gpu": NaN}', "not valid JSON"),
+    ('{"max_sessions_per_gpu": Infinity}', "not valid JSON"),
+])
+async def test_pathological_json_is_a_400_not_a_500(api, raw, detail) -> None:
+    r = await api.put("/api/v1/pools/p1", data=raw, headers={**auth(ADMIN), "Content-Type": "application/json"})
+    body = await r.json()
+    assert_problem(r.status, body, 400, "body")
+    assert detail in body["detail"]
+
+
+async def test_tokens_in_rest_urls_are_not_accepted(api) -> None:
+    r = await api.get(f"/api/v1/pools?access_token={ADMIN}")
+    assert r.status == 401, await r.text()
+    assert (await api.get("/api/v1/pools", headers=auth(ADMIN))).status == 200
+
+
+async def test_a_bad_signaling_frame_is_answered_and_the_socket_lives_on(api) -> None:
+    await setup_pool(api, "p1", hosts=1)
+    token = await user_token(api, "u1")
+    s = await (await api.post("/api/v1/sessions", json={"pool": "p1"}, headers=auth(token))).json()
+    async with api.ws_connect(f"/api/v1/sessions/{s['id']}/signal?access_token={token}") as ws:
+        for frame in ('{"type": ["offer"]}', "[" * 5000 + "]" * 5000, '"just a string"', "{not json"):
+            await ws.send_str(frame)
+            reply = await ws.receive_json(timeout=5)
+            assert reply["type"] == "error" and reply["code"] == "bad_signal", (frame[:20], reply)
+        assert not ws.closed
