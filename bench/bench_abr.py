@@ -77,6 +77,10 @@ Targets (issue #6): utilization >= 85 %, settle < 1 s after a drop, no freezes a
 settling, input RTT p95 < path RTT + 100 ms.  Each row says ok / MISS per sender; a number
 that could not be measured says why.  Figures on a loaded 2-core machine are noisy: the
 sender, the viewer's decoder and the delay emulator share the two cores.
+
+Size: about 670 lines in one script on purpose: it is run as root on its own (namespaces),
+and its scenario table, the three senders' set-up and the figures' printing belong together;
+the peers live in ``bench/abr_peers.py`` and the Chromium viewer in ``bench/abr_chromium.py``.
 """
 
 from __future__ import annotations
