@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 DEB_PACKAGES=(xvfb openbox xterm xdotool x11-utils xclip chromium iproute2 iptables nftables
   gcc libc6-dev python3-dev libnetfilter-queue-dev
   libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri libgles2  # EGL + llvmpipe: the game's GL renderer without a GPU
-  prometheus)  # promtool: tests/infra/test_monitoring.py checks and unit-tests the alert rules
+  prometheus  # promtool: tests/infra/test_monitoring.py checks and unit-tests the alert rules
+  coturn)  # TURN server: tests/netem/test_turn.py relays sessions through it (its daemon is not enabled)
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

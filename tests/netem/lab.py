@@ -80,7 +80,7 @@ KILL_GRACE_S = 2.0  # SIGTERM -> SIGKILL grace per process group
 DELAYQ_PATH = Path(__file__).with_name("delayq.py")
 _NS_RE = re.compile(rf"^{NS_PREFIX}(\d+)x(\d+)-(node|router|viewer|probe)\b")
 
-Side = Literal["node", "viewer"]
+Side = Literal["node", "viewer", "router"]
 
 
 class LabError(RuntimeError):
@@ -475,11 +475,11 @@ link set {R_VIEWER_IF} up
     # -- processes ------------------------------------------------------------------------
 
     def popen(self, side: Side, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
-        """Start ``argv`` inside the node or viewer namespace, in its own process group.
+        """Start ``argv`` inside the node, viewer or router namespace, in its own process group.
 
         ``kwargs`` go to ``subprocess.Popen``.  The process group is killed by ``close()``.
         """
-        ns = {"node": self.node_ns, "viewer": self.viewer_ns}[side]
+        ns = {"node": self.node_ns, "viewer": self.viewer_ns, "router": self.router_ns}[side]
         kwargs.setdefault("start_new_session", True)
         with self._lock:
             if self._closed:
@@ -487,6 +487,14 @@ link set {R_VIEWER_IF} up
             proc: subprocess.Popen[Any] = subprocess.Popen(["ip", "netns", "exec", ns, *argv], **kwargs)
             self._procs.append(proc)
         return proc
+
+    def router_nft(self, ruleset: str) -> None:
+        """Load extra nftables rules in the router (e.g. a firewall between node and viewer);
+        they go with the namespace on ``close()``."""
+        with self._lock:
+            if self._closed:
+                raise LabError("lab is closed")
+            self._ns_sh(self.router_ns, ["nft", "-f", "-"], stdin=ruleset)
 
     # -- measurement ----------------------------------------------------------------------
 

@@ -69,8 +69,10 @@ class Viewer:
         advertise: Sequence[str] = ("127.0.0.1",),
         keep_images: bool = True,
         probes: bool = True,
+        configuration: RTCConfiguration | None = None,
     ) -> None:
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        # never aiortc's default public STUN: no ICE servers unless a test passes its own (a TURN lab)
+        self.pc = RTCPeerConnection(configuration or RTCConfiguration(iceServers=[]))
         self.transceiver = self.pc.addTransceiver("video", direction="recvonly")
         if codecs is not None:
             wanted = {c.upper() for c in codecs}
