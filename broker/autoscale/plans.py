@@ -14,6 +14,12 @@ ramping down so hosts empty out).  Scale-in (draining and stopping hosts) happen
 ramp-down and off-peak phases, either when a drained host reaches zero sessions or, with
 ``force_logoff``, after users were warned and ``logoff_wait_min`` minutes passed.
 
+A plan's ``mode`` is ``reactive`` (the default: the AVD rules above) or ``predictive``: the
+autoscaler sizes the pool for forecast demand over the next boot time plus one evaluation,
+with the safety margin of the plan's ``predictive`` settings, packs depth-first in every phase
+and scales in whenever the forecast allows; the phases then contribute only their minimum
+hosts and their scale-in mode (`broker.autoscale.policy` has the rules).
+
 Phases wrap over midnight as in AVD: before a day's ``ramp_up.start`` the previous day's
 off-peak phase is still running; a day no schedule covers is off-peak all day, continuing the
 most recent covered day.  `phase_at` resolves all of that for one instant.
@@ -26,7 +32,8 @@ Invariants (checked by `ScalingPlan.from_body`, assumed everywhere else):
   - the time zone resolves with zoneinfo;
   - every schedule has at least one day, and no weekday appears in two schedules;
   - a schedule's phase starts are strictly increasing within the day;
-  - 0 < capacity_threshold_pct <= 100 and 0 <= min_hosts_pct <= 100.
+  - 0 < capacity_threshold_pct <= 100 and 0 <= min_hosts_pct <= 100;
+  - ``mode`` is reactive or predictive; predictive settings are within their schema's bounds.
 """
 
 from __future__ import annotations
@@ -60,6 +67,13 @@ class PhaseName(StrEnum):
 
 PHASE_ORDER: Final = (PhaseName.RAMP_UP, PhaseName.PEAK, PhaseName.RAMP_DOWN, PhaseName.OFF_PEAK)
 SCALE_IN_PHASES: Final = frozenset({PhaseName.RAMP_DOWN, PhaseName.OFF_PEAK})
+
+
+class PlanMode(StrEnum):
+    """How the autoscaler decides capacity."""
+
+    REACTIVE = "reactive"  # phase thresholds on live used capacity (Azure Virtual Desktop's rules)
+    PREDICTIVE = "predictive"  # forecast demand over boot time + one interval, plus a safety margin
 
 
 class ScaleInMode(StrEnum):
@@ -99,8 +113,22 @@ class Schedule:
 
 
 @dataclass(frozen=True)
+class PredictiveSettings:
+    """The predictive mode's knobs (used only when the plan's mode is predictive)."""
+
+    margin_pct: float = 10.0  # capacity kept above forecast demand, percent of it
+    margin_seats: int = 4  # and this many seats on top (quiet hours: a percentage of little is nothing)
+    boot_s: int = 300  # expected start-to-ready time of a host: the forecast looks this far + one interval
+    history_weeks: int = 4  # weeks of session history the forecast is fitted on
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"margin_pct": self.margin_pct, "margin_seats": self.margin_seats, "boot_s": self.boot_s,
+                "history_weeks": self.history_weeks}
+
+
+@dataclass(frozen=True)
 class ScalingPlan:
-    """A pool's scaling plan: time zone, schedules, and the anti-flapping knobs."""
+    """A pool's scaling plan: time zone, schedules, the anti-flapping knobs and the mode."""
 
     name: str
     time_zone: str
@@ -108,6 +136,12 @@ class ScalingPlan:
     scale_in_cooldown_min: int = 15  # no scale-in within this long after a scale-out
     undrain_hold_min: int = 30  # a host the autoscaler undrained is not drained again within this
     scale_in_margin_pct: float = 10.0  # scale in only if used capacity after it <= threshold - margin
+    mode: str = PlanMode.REACTIVE.value
+    predictive: PredictiveSettings = PredictiveSettings()
+
+    @property
+    def is_predictive(self) -> bool:
+        return self.mode == PlanMode.PREDICTIVE
 
     @classmethod
     def from_body(cls, body: Any) -> ScalingPlan:
@@ -123,6 +157,8 @@ class ScalingPlan:
             "scale_in_cooldown_min": self.scale_in_cooldown_min,
             "undrain_hold_min": self.undrain_hold_min,
             "scale_in_margin_pct": self.scale_in_margin_pct,
+            "mode": self.mode,
+            "predictive": self.predictive.to_dict(),
         }
 
 
@@ -179,6 +215,18 @@ SCHEDULE_SCHEMA: Final = {
     "logoff_message": Field("str", default=DEFAULT_LOGOFF_MESSAGE, max_length=500),
 }
 
+PREDICTIVE_SCHEMA: Final = {
+    "margin_pct": Field("number", default=PredictiveSettings.margin_pct, minimum=0, maximum=200,
+                        description="Capacity kept above forecast demand, percent of the forecast"),
+    "margin_seats": Field("int", default=PredictiveSettings.margin_seats, minimum=0, maximum=100_000,
+                          description="Seats kept free on top of the percentage"),
+    "boot_s": Field("int", default=PredictiveSettings.boot_s, minimum=0, maximum=3600,
+                    description="Expected seconds from a host start to its first session; the forecast "
+                                "looks this far plus one autoscaler interval ahead"),
+    "history_weeks": Field("int", default=PredictiveSettings.history_weeks, minimum=1, maximum=12,
+                           description="Weeks of session history the forecast is fitted on"),
+}
+
 PLAN_SCHEMA: Final = {
     "name": Field("str", default="default", max_length=64),
     "time_zone": Field("str", default="UTC", max_length=64, description="IANA time zone, e.g. Europe/Paris"),
@@ -190,6 +238,11 @@ PLAN_SCHEMA: Final = {
                               description="A host undrained by the autoscaler is not drained again within this"),
     "scale_in_margin_pct": Field("number", default=10.0, minimum=0, maximum=99,
                                  description="Scale in only while used capacity stays <= threshold - margin"),
+    "mode": Field("str", default=PlanMode.REACTIVE.value, choices=tuple(m.value for m in PlanMode),
+                  description="reactive: phase thresholds on live load; predictive: forecast demand from the "
+                              "pool's history plus a safety margin (see predictive)"),
+    "predictive": Field("object", default=None, nullable=True, schema=PREDICTIVE_SCHEMA,
+                        description="Predictive mode settings (defaults when omitted)"),
 }
 
 
@@ -265,9 +318,15 @@ def _parse_plan(body: Any) -> ScalingPlan:
                 raise ValidationError(f"schedules[{i}].days: {DAYS[d]} is already in schedules[{owner[d]}]",
                                       field=f"schedules[{i}].days")
             owner[d] = i
+    raw = data["predictive"]
+    if raw is None:
+        raw = validate({}, PREDICTIVE_SCHEMA, prefix="predictive.")
+    predictive = PredictiveSettings(margin_pct=float(raw["margin_pct"]), margin_seats=raw["margin_seats"],
+                                    boot_s=raw["boot_s"], history_weeks=raw["history_weeks"])
     return ScalingPlan(name=data["name"], time_zone=data["time_zone"], schedules=schedules,
                        scale_in_cooldown_min=data["scale_in_cooldown_min"], undrain_hold_min=data["undrain_hold_min"],
-                       scale_in_margin_pct=float(data["scale_in_margin_pct"]))
+                       scale_in_margin_pct=float(data["scale_in_margin_pct"]), mode=data["mode"],
+                       predictive=predictive)
 
 
 def _schedule_to_dict(s: Schedule) -> dict[str, Any]:

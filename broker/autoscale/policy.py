@@ -33,6 +33,33 @@ The rules, per evaluation (T = the phase's capacity threshold, in percent):
      force-logoff always starts with a fresh warning.
   6. SetStrategy whenever the pool's placement strategy differs from the phase's.
 
+Predictive mode (``plan.mode == "predictive"``; the phase thresholds, the scale-in phases, the
+cooldown and the phase strategy are not used, the phase minimum and force-logoff settings are):
+  P1. Actual demand = sessions on up and draining hosts + queued requests; capacity = seats on
+      up, starting and pending hosts + sessions on draining hosts (they are served where they are).
+  P2. The look-ahead L = ``predictive.boot_s`` + ``snapshot.interval_s``: hosts started now serve
+      from one boot time on, and the next evaluation can start more.  The forecast
+      (``snapshot.forecast``, fitted from the pool's history) gives the peak over [now, now + L],
+      times the recent-error correction (`broker.autoscale.forecast.update_ratio`, updated here
+      with the actual/forecast ratio of this evaluation and kept in state).  The live trend is
+      actual demand plus its growth since the last evaluation extrapolated over L.  The target
+      is ceil(max(forecast peak, live trend) * (1 + margin_pct / 100) + margin_seats) seats.
+  P3. Below target: undrain hosts this autoscaler drained (most free seats first), then start
+      ceil(missing seats / new host seats) hosts, never beyond ``max_hosts`` (reason
+      ``forecast`` or ``actual``: whichever bound the target).  The phase minimum as in rule 3.
+  P4. Above target (and nothing queued): stop empty up hosts -- Drain, then StopHost in the
+      same evaluation (reason ``forecast_surplus``, then ``drained_empty``) -- while capacity
+      without each one stays >= target and the phase minimum holds; a host undrained within
+      ``undrain_hold_min`` is kept.  A host with sessions is never drained: its free seats
+      would be lost while it still bills, and depth-first placement already sends new
+      sessions to fuller hosts, so a lightly used host empties by itself.  The service's
+      remove is atomic and refuses a host a session raced onto after the snapshot (it then
+      stays drained and rule 5 stops it once empty, or P3 undrains it).
+  P5. Placement is depth-first in every phase (packing is what lets hosts empty; it does not
+      change whether a free seat exists, so it costs no wait).
+  Every decision of P3/P4 carries ``facts``: forecast, correction ratio, live trend, actual,
+  margin, target and capacity, for the decision log.
+
 The autoscaler only undrains, warns, ends and stops hosts *it* drained (tracked in state):
 a host an admin drained for maintenance is left alone and counts as unavailable.
 
@@ -42,10 +69,12 @@ are frozen values; the state round-trips through `AutoscaleState.to_dict`/`from_
 the service can keep it in Redis between evaluations (any replica may run the next one).
 
 Invariants (tests assert them):
-  - StopHost is only ever issued for a host the snapshot shows ``draining`` with 0 sessions.
+  - StopHost is only ever issued for a host with 0 sessions in the snapshot that is ``draining``
+    there or (predictive mode) drained by a Drain just before it in the same decisions.
   - EndSessions is only issued for a host whose users were warned >= logoff_wait_min ago.
   - StartHosts never takes hosts on (up + draining + starting + pending) above ``max_hosts``.
-  - No Drain in an evaluation that scales out or within the cooldown after one.
+  - No Drain in an evaluation that scales out, nor (reactive) within the cooldown after one;
+    a predictive Drain is only of an up host with 0 sessions.
 """
 
 from __future__ import annotations
@@ -58,10 +87,11 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Final
 
-from broker.autoscale.plans import ScalingPlan, phase_at
+from broker.autoscale.forecast import DemandForecast, update_ratio
+from broker.autoscale.plans import PredictiveSettings, ScalingPlan, phase_at
 from broker.models import PoolConfig
 from broker.placement import HostLoad
-from broker.protocol import EndReason, HostState
+from broker.protocol import EndReason, HostState, PlacementStrategy
 
 HOST_STARTING: Final = "starting"  # booting: requested from the provider, not yet registered up
 HOST_STATES: Final = (HostState.UP.value, HostState.DRAINING.value, HostState.DOWN.value, HOST_STARTING)
@@ -80,6 +110,13 @@ class Reason(StrEnum):
     FORCE_LOGOFF_WARNING = "force_logoff_warning"  # WarnSessions: users told their session ends
     FORCE_LOGOFF = "force_logoff"  # EndSessions: the announced wait is over
     PHASE_STRATEGY = "phase_strategy"  # SetStrategy: the phase uses another placement strategy
+    FORECAST = "forecast"  # StartHosts / Undrain (predictive): forecast demand + margin above capacity
+    ACTUAL = "actual"  # StartHosts / Undrain (predictive): live demand and its trend + margin above capacity
+    FORECAST_SURPLUS = "forecast_surplus"  # Drain (predictive): an empty host capacity stays >= target without
+    PREDICTIVE_STRATEGY = "predictive_strategy"  # SetStrategy: predictive plans pack depth-first
+
+
+Facts = tuple[tuple[str, float], ...]  # numbers behind a decision, for the decision log (name, value)
 
 
 # --- inputs -------------------------------------------------------------------------------
@@ -109,7 +146,9 @@ class PoolSnapshot:
 
     ``max_hosts`` is the most hosts the provider may run for this pool; minimum percentages are
     taken of it.  ``new_host_seats`` is what a freshly started host offers (0: the largest
-    seat count among known hosts, or 1 when none is known).
+    seat count among known hosts, or 1 when none is known).  ``interval_s`` is the time to the
+    next evaluation and ``forecast`` the pool's demand forecast (None: no history yet); both are
+    used by predictive plans only.
     """
 
     pool: PoolConfig
@@ -118,6 +157,8 @@ class PoolSnapshot:
     pending_starts: int = 0
     queued: int = 0
     new_host_seats: int = 0
+    interval_s: float = 300.0
+    forecast: DemandForecast | None = None
 
 
 # --- decisions ------------------------------------------------------------------------------
@@ -128,6 +169,7 @@ class StartHosts:
     count: int
     reason: str
     detail: str = ""
+    facts: Facts = ()
 
 
 @dataclass(frozen=True)
@@ -135,6 +177,7 @@ class Drain:
     host_id: str
     reason: str
     detail: str = ""
+    facts: Facts = ()
 
 
 @dataclass(frozen=True)
@@ -142,6 +185,7 @@ class Undrain:
     host_id: str
     reason: str
     detail: str = ""
+    facts: Facts = ()
 
 
 @dataclass(frozen=True)
@@ -151,6 +195,7 @@ class StopHost:
     host_id: str
     reason: str
     detail: str = ""
+    facts: Facts = ()
 
 
 @dataclass(frozen=True)
@@ -201,11 +246,16 @@ class AutoscaleState:
     drained: Mapping[str, float] = field(default_factory=_frozen)  # host -> when we drained it
     warned: Mapping[str, float] = field(default_factory=_frozen)  # host -> when its users were warned
     undrained: Mapping[str, float] = field(default_factory=_frozen)  # host -> when we undrained it
+    forecast_ratio: float = 1.0  # predictive: recent actual / forecast demand (the error correction)
+    last_demand: float | None = None  # predictive: actual demand at the last evaluation
+    last_demand_s: float | None = None  # ... and when
 
     def to_dict(self) -> dict[str, Any]:
         return {"phase": self.phase, "last_scale_out_s": self.last_scale_out_s,
                 "last_scale_in_s": self.last_scale_in_s, "drained": dict(self.drained),
-                "warned": dict(self.warned), "undrained": dict(self.undrained)}
+                "warned": dict(self.warned), "undrained": dict(self.undrained),
+                "forecast_ratio": self.forecast_ratio, "last_demand": self.last_demand,
+                "last_demand_s": self.last_demand_s}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AutoscaleState:
@@ -217,7 +267,9 @@ class AutoscaleState:
 
         return cls(phase=str(data.get("phase", "")), last_scale_out_s=opt(data.get("last_scale_out_s")),
                    last_scale_in_s=opt(data.get("last_scale_in_s")), drained=mapping(data.get("drained")),
-                   warned=mapping(data.get("warned")), undrained=mapping(data.get("undrained")))
+                   warned=mapping(data.get("warned")), undrained=mapping(data.get("undrained")),
+                   forecast_ratio=float(data.get("forecast_ratio", 1.0)), last_demand=opt(data.get("last_demand")),
+                   last_demand_s=opt(data.get("last_demand_s")))
 
 
 # --- arithmetic -----------------------------------------------------------------------------
@@ -242,6 +294,63 @@ def seats_for(demand: int, threshold_pct: float) -> int:
     return math.ceil(demand * 100.0 / threshold_pct - _EPS)
 
 
+# --- predictive sizing ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What a predictive evaluation sized the pool for (sessions and seats)."""
+
+    actual: int  # sessions on hosts + queued requests now
+    capacity: int  # seats on up, starting and pending hosts + sessions on draining hosts
+    lookahead_s: float
+    forecast: float | None  # corrected forecast peak over [now, now + lookahead]; None without a forecast
+    ratio: float  # the recent-error correction applied
+    trend: float  # actual demand extrapolated over the look-ahead
+    margin_pct: float
+    margin_seats: int
+    target: int  # seats wanted
+
+    @property
+    def bound(self) -> Reason:
+        return Reason.FORECAST if self.forecast is not None and self.forecast >= self.trend else Reason.ACTUAL
+
+    def facts(self) -> Facts:
+        out: list[tuple[str, float]] = [("actual", self.actual), ("capacity", self.capacity),
+                                        ("lookahead_s", self.lookahead_s)]
+        if self.forecast is not None:
+            out += [("forecast", round(self.forecast, 1)), ("correction", round(self.ratio, 3))]
+        out += [("trend", round(self.trend, 1)), ("margin_pct", self.margin_pct),
+                ("margin_seats", self.margin_seats), ("target", self.target)]
+        return tuple(out)
+
+    def text(self) -> str:
+        fc = (f"forecast {self.forecast:.0f} (x{self.ratio:.2f} correction)" if self.forecast is not None
+              else "no forecast")
+        return (f"{fc} and trend {self.trend:.0f} over {self.lookahead_s:.0f} s, actual {self.actual}; margin "
+                f"{self.margin_pct:g}% + {self.margin_seats} -> target {self.target} seats, capacity {self.capacity}")
+
+
+def size_pool(settings: PredictiveSettings, forecast: DemandForecast | None, t: float, interval_s: float,
+              actual: int, capacity: int, previous: AutoscaleState) -> tuple[Sizing, float]:
+    """Rule P2: the seats to have within the look-ahead, and the updated correction ratio."""
+    lookahead = settings.boot_s + interval_s
+    ratio = previous.forecast_ratio
+    peak: float | None = None
+    if forecast is not None:
+        ratio = update_ratio(ratio, actual, forecast.at(t), forecast.pseudo_count)
+        peak = forecast.peak(t, t + lookahead) * ratio
+    trend = float(actual)
+    last, last_s = previous.last_demand, previous.last_demand_s
+    if last is not None and last_s is not None and 0 < t - last_s <= 3 * interval_s:
+        trend += max(0.0, (actual - last) / (t - last_s)) * lookahead
+    basis = max(trend, peak if peak is not None else 0.0)
+    target = math.ceil(basis * (1 + settings.margin_pct / 100.0) + settings.margin_seats - _EPS)
+    sizing = Sizing(actual, capacity, lookahead, peak, ratio, trend, settings.margin_pct, settings.margin_seats,
+                    max(0, target))
+    return sizing, ratio
+
+
 # --- the policy -----------------------------------------------------------------------------
 
 
@@ -256,7 +365,7 @@ def decide(snapshot: PoolSnapshot, now: datetime, plan: ScalingPlan,
     up: list[HostSnapshot] = []
     ours: list[HostSnapshot] = []  # draining hosts this autoscaler drained
     n_draining = n_starting = 0
-    seats = demand = coming_seats = 0
+    seats = demand = coming_seats = draining_sessions = 0
     for h in snapshot.hosts:
         st = h.state
         if st == _UP:
@@ -265,6 +374,7 @@ def decide(snapshot: PoolSnapshot, now: datetime, plan: ScalingPlan,
             demand += h.sessions
         elif st == _DRAINING:
             n_draining += 1
+            draining_sessions += h.sessions
             if h.host_id in previous.drained:
                 ours.append(h)
         elif st == HOST_STARTING:
@@ -276,8 +386,12 @@ def decide(snapshot: PoolSnapshot, now: datetime, plan: ScalingPlan,
     hold_s = plan.undrain_hold_min * 60.0
     undrained = {k: v for k, v in previous.undrained.items() if k in up_ids and t - v < hold_s}
 
-    if snapshot.pool.strategy != phase.strategy:
-        decisions.append(SetStrategy(phase.strategy, Reason.PHASE_STRATEGY,
+    predictive = plan.is_predictive
+    strategy = PlacementStrategy.DEPTH_FIRST.value if predictive else phase.strategy
+    if snapshot.pool.strategy != strategy:
+        decisions.append(SetStrategy(strategy, Reason.PREDICTIVE_STRATEGY, "predictive plans pack depth-first")
+                         if predictive else
+                         SetStrategy(strategy, Reason.PHASE_STRATEGY,
                                      f"{phase.name} uses {phase.strategy} (pool has {snapshot.pool.strategy})"))
 
     new_seats = snapshot.new_host_seats or max((h.seats for h in snapshot.hosts), default=1) or 1
@@ -287,21 +401,37 @@ def decide(snapshot: PoolSnapshot, now: datetime, plan: ScalingPlan,
     n_on = len(up) + n_draining + n_starting + snapshot.pending_starts  # what the provider runs
     floor_hosts = min(min_hosts(phase.min_hosts_pct, snapshot.max_hosts), snapshot.max_hosts)
     used = used_pct(demand, seats)
+    spare = sorted(ours, key=lambda h: (-h.free, h.host_id))
 
     # --- scale out: capacity, then minimum; undrain before starting ---------------------------
     undrain_now: list[tuple[HostSnapshot, Reason]] = []
-    spare = sorted(ours, key=lambda h: (-h.free, h.host_id))
-    need_seats = seats_for(demand, threshold) - (seats + coming_seats) if used > threshold + _EPS else 0
-    for h in spare:
-        if need_seats <= 0:
-            break
-        if h.sessions * 100.0 >= threshold * h.seats:  # undraining it would not lower used capacity
-            continue
-        undrain_now.append((h, Reason.ABOVE_THRESHOLD))
-        seats += h.seats
-        demand += h.sessions
-        need_seats = seats_for(demand, threshold) - (seats + coming_seats)
-    n_start_capacity = math.ceil(max(0, need_seats) / new_seats)
+    sizing: Sizing | None = None
+    ratio = previous.forecast_ratio
+    if predictive:
+        actual = demand + draining_sessions
+        sizing, ratio = size_pool(plan.predictive, snapshot.forecast, t, snapshot.interval_s, actual,
+                                  seats + coming_seats + draining_sessions, previous)
+        missing = sizing.target - sizing.capacity
+        for h in spare:
+            if missing <= 0:
+                break
+            if h.free > 0:
+                undrain_now.append((h, sizing.bound))
+                missing -= h.free
+        n_start_capacity = math.ceil(max(0, missing) / new_seats)
+    else:
+        need_seats = seats_for(demand, threshold) - (seats + coming_seats) if used > threshold + _EPS else 0
+        for h in spare:
+            if need_seats <= 0:
+                break
+            if h.sessions * 100.0 >= threshold * h.seats:  # undraining it would not lower used capacity
+                continue
+            undrain_now.append((h, Reason.ABOVE_THRESHOLD))
+            seats += h.seats
+            demand += h.sessions
+            need_seats = seats_for(demand, threshold) - (seats + coming_seats)
+        n_start_capacity = math.ceil(max(0, need_seats) / new_seats)
+    facts = sizing.facts() if sizing is not None else ()
     chosen = {h.host_id for h, _ in undrain_now}
     for h in spare:
         if n_coming + len(undrain_now) + n_start_capacity >= floor_hosts:
@@ -310,46 +440,69 @@ def decide(snapshot: PoolSnapshot, now: datetime, plan: ScalingPlan,
             undrain_now.append((h, Reason.BELOW_MIN_HOSTS))
             chosen.add(h.host_id)
     n_start_min = max(0, floor_hosts - (n_coming + len(undrain_now) + n_start_capacity))
+    why_text = (f"{phase.name} (predictive): {sizing.text()}" if sizing is not None else
+                f"{phase.name}: used {used:.1f}% vs threshold {threshold:g}%")
     for h, why in undrain_now:
-        decisions.append(Undrain(h.host_id, why, f"{phase.name}: used {used:.1f}% vs threshold {threshold:g}%, "
-                                                 f"{len(up)} available, minimum {floor_hosts}; undrain "
-                                                 f"({h.sessions}/{h.seats})"))
+        decisions.append(Undrain(h.host_id, why, f"{why_text}, {len(up)} available, minimum {floor_hosts}; "
+                                                 f"undrain ({h.sessions}/{h.seats})", facts))
         undrained[h.host_id] = t
         drained.pop(h.host_id, None)
         warned.pop(h.host_id, None)
     headroom = max(0, snapshot.max_hosts - n_on)
     n_start = min(headroom, n_start_capacity + n_start_min)
     if n_start > 0:
-        why = Reason.ABOVE_THRESHOLD if n_start_capacity > 0 else Reason.BELOW_MIN_HOSTS
-        decisions.append(StartHosts(n_start, why, f"{phase.name}: used {used:.1f}% (demand {demand}, {seats} seats "
-                                                  f"available, {coming_seats} coming) vs threshold {threshold:g}%; "
-                                                  f"minimum {floor_hosts} hosts; cap {snapshot.max_hosts}"))
+        if sizing is not None:
+            why = sizing.bound if n_start_capacity > 0 else Reason.BELOW_MIN_HOSTS
+            text = f"{why_text}; {n_start} x {new_seats} seats; minimum {floor_hosts} hosts; cap {snapshot.max_hosts}"
+        else:
+            why = Reason.ABOVE_THRESHOLD if n_start_capacity > 0 else Reason.BELOW_MIN_HOSTS
+            text = (f"{phase.name}: used {used:.1f}% (demand {demand}, {seats} seats available, {coming_seats} "
+                    f"coming) vs threshold {threshold:g}%; minimum {floor_hosts} hosts; cap {snapshot.max_hosts}")
+        decisions.append(StartHosts(n_start, why, text, facts))
     scaled_out = bool(undrain_now) or n_start > 0
     last_out = t if scaled_out else previous.last_scale_out_s
 
-    # --- scale in: drain fewest-sessions-first while it stays under threshold - margin ---------
+    # --- scale in ------------------------------------------------------------------------------
     drain_now: list[HostSnapshot] = []
-    cooled = last_out is None or t - last_out >= plan.scale_in_cooldown_min * 60.0
-    if phase.scale_in and not scaled_out and cooled and snapshot.queued == 0:
-        line = max(0.0, threshold - plan.scale_in_margin_pct)
-        n_left = len(up)
-        seats_left = seats
-        for h in sorted(up, key=lambda h: (h.sessions, h.host_id)):
-            if n_left - 1 < floor_hosts:
-                break
-            if h.host_id in undrained:
-                continue
-            after = used_pct(demand, seats_left - h.seats)
-            if after > line + _EPS:
-                continue
-            drain_now.append(h)
-            n_left -= 1
-            seats_left -= h.seats
-            decisions.append(Drain(h.host_id, Reason.SCALE_IN,
-                                   f"{phase.name}: {h.sessions} sessions; used after {after:.1f}% <= "
-                                   f"{line:g}% (threshold {threshold:g}% - margin {plan.scale_in_margin_pct:g}); "
-                                   f"{n_left} available >= minimum {floor_hosts}"))
-            drained[h.host_id] = t
+    n_left = len(up)
+    if sizing is not None:  # predictive: drain while capacity stays at or above the target
+        surplus = sizing.capacity - sizing.target
+        if not scaled_out and snapshot.queued == 0 and surplus > 0:
+            for h in sorted((h for h in up if h.sessions == 0), key=lambda h: h.host_id):
+                if n_left - 1 < floor_hosts:
+                    break
+                if h.host_id in undrained or h.seats > surplus:
+                    continue
+                drain_now.append(h)
+                n_left -= 1
+                surplus -= h.seats
+                decisions.append(Drain(h.host_id, Reason.FORECAST_SURPLUS,
+                                       f"{why_text}; empty, capacity after {sizing.target + surplus} >= target; "
+                                       f"{n_left} available >= minimum {floor_hosts}", facts))
+                decisions.append(StopHost(h.host_id, Reason.DRAINED_EMPTY,  # rule P4: stopped in the same breath
+                                          f"{phase.name} (predictive): drained and empty", facts))
+                drained[h.host_id] = t
+    else:  # reactive: drain fewest-sessions-first while it stays under threshold - margin
+        cooled = last_out is None or t - last_out >= plan.scale_in_cooldown_min * 60.0
+        if phase.scale_in and not scaled_out and cooled and snapshot.queued == 0:
+            line = max(0.0, threshold - plan.scale_in_margin_pct)
+            seats_left = seats
+            for h in sorted(up, key=lambda h: (h.sessions, h.host_id)):
+                if n_left - 1 < floor_hosts:
+                    break
+                if h.host_id in undrained:
+                    continue
+                after = used_pct(demand, seats_left - h.seats)
+                if after > line + _EPS:
+                    continue
+                drain_now.append(h)
+                n_left -= 1
+                seats_left -= h.seats
+                decisions.append(Drain(h.host_id, Reason.SCALE_IN,
+                                       f"{phase.name}: {h.sessions} sessions; used after {after:.1f}% <= "
+                                       f"{line:g}% (threshold {threshold:g}% - margin {plan.scale_in_margin_pct:g}); "
+                                       f"{n_left} available >= minimum {floor_hosts}"))
+                drained[h.host_id] = t
 
     # --- drained hosts: stop when empty, or warn then force logoff ------------------------------
     wait_s = phase.logoff_wait_min * 60
@@ -357,7 +510,7 @@ def decide(snapshot: PoolSnapshot, now: datetime, plan: ScalingPlan,
         if h.host_id in chosen:
             continue
         if h.sessions == 0:
-            decisions.append(StopHost(h.host_id, Reason.DRAINED_EMPTY, f"{phase.name}: drained and empty"))
+            decisions.append(StopHost(h.host_id, Reason.DRAINED_EMPTY, f"{phase.name}: drained and empty", facts))
         elif not phase.force_logoff:
             warned.pop(h.host_id, None)
         elif h.host_id not in warned:
@@ -381,6 +534,8 @@ def decide(snapshot: PoolSnapshot, now: datetime, plan: ScalingPlan,
         last_scale_out_s=last_out,
         last_scale_in_s=t if drain_now else previous.last_scale_in_s,
         drained=_frozen(drained), warned=_frozen(warned), undrained=_frozen(undrained),
+        forecast_ratio=ratio,
+        last_demand=float(sizing.actual) if sizing is not None else previous.last_demand,
+        last_demand_s=t if sizing is not None else previous.last_demand_s,
     )
     return tuple(decisions), state
-

@@ -10,13 +10,18 @@ pool (`Scaler.evaluate_pool`):
      `AutoscaleState`, hosts the provider is starting, the last evaluation; TTL a week,
      rewritten every pass, so any replica continues where the previous leader stopped);
   3. build a `PoolSnapshot` from Redis -- the source of truth for host state and emptiness --
-     plus the provider's view of hosts it runs that have not registered yet ("starting");
+     plus the provider's view of hosts it runs that have not registered yet ("starting"); for a
+     predictive plan add the evaluation interval and the pool's demand forecast
+     (`Scaler.forecast`: fitted from the last ``predictive.history_weeks`` of SQL session history
+     in an executor thread, cached per pool and refitted at most every FORECAST_REFIT_S);
   4. ``decide(snapshot, now, plan, state)`` and apply each decision through the `Broker`
      service and the `HostProvider`; log every decision with its reason; record it in SQL
-     (``autoscale_decisions``); persist the new state.
+     (``autoscale_decisions``) with the numbers behind it (a predictive decision's ``facts``:
+     forecast, correction, trend, actual, margin, target, capacity); persist the new state.
 
 Safety rules enforced here, on top of the policy's own invariants:
-  - StopHost: the provider is asked first whether it can remove exactly this host; then
+  - StopHost (also right after a Drain of the same host in one pass, predictive plans): the
+    provider is asked first whether it can remove exactly this host; then
     ``Broker.remove_host(force=False)`` re-checks atomically in Redis that the host has no
     session (a session that raced in makes it refuse: logged as ``lost_race``, nothing stops)
     and retires its id, so the node cannot register again before it is gone; only then is the
@@ -30,7 +35,10 @@ Decisions the provider cannot carry out (a static inventory cannot start or stop
 
 Also here: `Scaler.simulate`, the pool-sizing endpoint's service: it reads the pool's history
 from SQL (or makes a synthetic weekly curve when history is thin) and runs the simulator and
-the plan search (`broker.autoscale.simulate`) in an executor thread, never on the event loop.
+the plan search (`broker.autoscale.simulate`) in an executor thread, never on the event loop,
+and reports each plan's host-hours against the packing oracle and the lower bound
+(`broker.autoscale.oracle`); a predictive plan is simulated with a forecast fitted on the
+weeks before the simulated window.
 
 Concurrency: one Scaler per process; its loop (``broker.app``) calls `run_once` every
 ``autoscale_interval_s``; request handlers call `status`, `put_plan`, `delete_plan` and
@@ -56,7 +64,9 @@ from typing import Any, Final
 from zoneinfo import ZoneInfo
 
 from broker.auth import Principal
-from broker.autoscale.plans import DEFAULT_PLAN, PLAN_SCHEMA, Phase, ScalingPlan, phase_at
+from broker.autoscale.forecast import DemandForecast, forecast_from_sessions
+from broker.autoscale.oracle import lower_bound, packing_oracle
+from broker.autoscale.plans import DEFAULT_PLAN, PLAN_SCHEMA, Phase, PlanMode, ScalingPlan, phase_at
 from broker.autoscale.policy import (
     HOST_STARTING,
     AutoscaleState,
@@ -96,6 +106,8 @@ log = logging.getLogger(__name__)
 ACTOR: Final = Principal(Role.ADMIN, "autoscaler")  # how the autoscaler appears in the audit log
 WARNING_CODE: Final = "scale_in"  # the warning code users see before a force-logoff
 DAY_MS: Final = 86_400_000
+WEEK_MS: Final = 7 * DAY_MS
+FORECAST_REFIT_S: Final = 3600.0  # a pool's forecast is refitted from SQL history at most hourly
 SIMULATIONS_AT_ONCE: Final = 2  # simulator runs per process (CPU-bound, in executor threads)
 DEFAULT_DURATION_S: Final = 3600.0  # duration assumed for a historic request that never got a seat
 DISABLED_REASON: Final = "autoscale_disabled"  # Undrain when a pool's plan is deleted
@@ -211,24 +223,57 @@ def history_demand(rows: Sequence[tuple[int, int | None, int | None]], start: da
     return demand_from_history(pairs, start)
 
 
+def history_forecast(rows: Sequence[tuple[int, int | None, int | None]], start: datetime, weeks: int,
+                     time_zone: str) -> DemandForecast | None:
+    """A forecast from (created_ms, seated_ms, ended_ms) rows of ``weeks`` weeks from ``start``.
+
+    Only whole weeks since the first request count (a pool younger than the window is not
+    averaged with empty weeks); None under one week.  CPU-bound.
+    """
+    demand = history_demand(rows, start)
+    week_s = WEEK_MS / 1000.0
+    horizon = weeks * week_s
+    have = int((horizon - demand[0].at_s) // week_s) if demand else 0
+    if have < 1:
+        return None
+    return forecast_from_sessions(demand, start.timestamp(), horizon, time_zone=time_zone, weeks=min(weeks, have))
+
+
 def sizing_report(demand: Sequence[Arrival], config: SimConfig, plan: ScalingPlan, plan_label: str,
-                  with_recommendation: bool, target_pct: float) -> dict[str, Any]:
-    """Always-on vs the plan (vs the cheapest plan meeting the wait target). CPU-bound: run in an executor."""
-    results = compare(demand, config, [("always-on", None), (plan_label, plan)])
+                  with_recommendation: bool, target_pct: float,
+                  forecast: DemandForecast | None = None) -> dict[str, Any]:
+    """Always-on vs the plan (vs the cheapest plan meeting the wait target), with each plan's host-hours
+    as a multiple of the packing oracle's and the lower bound's. CPU-bound: run in an executor.
+
+    ``forecast`` is what a predictive plan sizes the pool with; the recommendation searches the
+    reactive knobs of ``plan``'s schedules.
+    """
+    results = compare(demand, config, [("always-on", None), (plan_label, plan)], forecast=forecast)
     out: dict[str, Any] = {"arrivals": len(demand)}
     hours = {"always_on": results[0].host_hours, "plan": results[1].host_hours}
     if with_recommendation:
-        rec = recommend(demand, config, plan, target_over_60s_pct=target_pct)
+        base = dataclasses.replace(plan, mode=PlanMode.REACTIVE.value) if plan.is_predictive else plan
+        rec = recommend(demand, config, base, target_over_60s_pct=target_pct)
         final = rec.result if not rec.result.aborted else simulate(demand, config, rec.plan)
         final = dataclasses.replace(final, label=f"recommended ({rec.params.label()})")
         results.append(final)
         hours["recommended"] = final.host_hours
         out.update(recommended_plan=rec.plan.to_dict(), recommended_params=dataclasses.asdict(rec.params),
                    meets_target=rec.meets_target, candidates_evaluated=len(rec.evaluated))
-    base = hours["always_on"]
+    base_hours = hours["always_on"]
+    horizon = config.days * DAY_MS / 1000.0
+    oracle = packing_oracle(demand, config.seats_per_host, config.boot_delay_s, horizon)
+    bound = lower_bound(demand, config.seats_per_host, config.boot_delay_s, horizon)
     out["host_hours"] = hours
-    out["savings_pct"] = {k: round(100.0 * (1 - v / base), 2) if base else 0.0 for k, v in hours.items()
+    out["savings_pct"] = {k: round(100.0 * (1 - v / base_hours), 2) if base_hours else 0.0 for k, v in hours.items()
                           if k != "always_on"}
+    out["yardsticks"] = {"oracle_host_hours": round(oracle.host_hours, 3), "oracle_starts": oracle.starts,
+                         "lower_bound_host_hours": round(bound, 3)}
+    out["vs_oracle"] = {k: round(v / oracle.host_hours, 4) if oracle.host_hours else None for k, v in hours.items()}
+    out["vs_lower_bound"] = {k: round(v / bound, 4) if bound else None for k, v in hours.items()}
+    if plan.is_predictive:
+        out["forecast"] = None if forecast is None else {
+            "weeks": forecast.weeks, "trend_per_week": round(forecast.trend_per_week, 4), "method": forecast.method}
     out["results"] = [r.to_dict() for r in results]
     return out
 
@@ -272,6 +317,7 @@ class Scaler:
         self.provider = provider
         self.owner = owner or uuid.uuid4().hex
         self._simulations = asyncio.Semaphore(SIMULATIONS_AT_ONCE)
+        self._forecasts: dict[str, tuple[int, tuple[str, int], DemandForecast | None]] = {}  # pool -> fit
 
     @property
     def lock_ttl_ms(self) -> int:
@@ -329,12 +375,18 @@ class Scaler:
         record = await self.load_record(pool)
         now_ms, now = self._now()
         snap, starting, overdue = await self.snapshot(cfg, record.starting, now_ms)
+        if plan.is_predictive:
+            snap = dataclasses.replace(snap, interval_s=self.settings.autoscale_interval_s,
+                                       forecast=await self.forecast(cfg.name, plan, now_ms))
         decisions, state = decide(snap, now, plan, record.state)
         applied: list[Applied] = []
         for host in overdue:
             applied.append(await self._stop_unregistered(pool, host))
         for d in decisions:
             a = await self.apply_decision(cfg, d)
+            facts = getattr(d, "facts", ())
+            if facts:  # the numbers behind a predictive decision go to the decision log with it
+                a = dataclasses.replace(a, info={**dict(facts), **a.info})
             applied.append(a)
             if isinstance(d, StartHosts):
                 starting.update({h: now_ms for h in a.info.get("hosts", ())})
@@ -355,6 +407,25 @@ class Scaler:
         await self.repo.add_decisions([a.row(pool, state.phase, now_ms) for a in applied
                                        if a.outcome != Outcome.SKIPPED])
         return Evaluation(pool, now_ms, state.phase, tuple(applied), state)
+
+    # ---- the demand forecast (predictive plans) -------------------------------------------------
+    async def forecast(self, pool: str, plan: ScalingPlan, now_ms: int) -> DemandForecast | None:
+        """The pool's forecast from its SQL history, refitted every FORECAST_REFIT_S (None under a week of it).
+
+        Fitting is CPU-bound (a pass over every session of the window): it runs in an executor.
+        """
+        weeks = plan.predictive.history_weeks
+        key = (plan.time_zone, weeks)
+        cached = self._forecasts.get(pool)
+        if cached is not None and cached[1] == key and now_ms - cached[0] < FORECAST_REFIT_S * 1000:
+            return cached[2]
+        since_ms = now_ms - weeks * WEEK_MS
+        rows = await self.repo.pool_demand(pool, since_ms, now_ms)
+        start = datetime.fromtimestamp(since_ms / 1000.0, UTC)
+        work = functools.partial(history_forecast, rows, start, weeks, plan.time_zone)
+        fc = await asyncio.get_running_loop().run_in_executor(None, work)
+        self._forecasts[pool] = (now_ms, key, fc)
+        return fc
 
     # ---- applying one decision ----------------------------------------------------------------
     async def apply_decision(self, cfg: PoolConfig, d: Decision) -> Applied:
@@ -540,8 +611,16 @@ class Scaler:
         config = SimConfig(cfg, hosts=max_hosts, seats_per_host=seats, gpus_per_host=gpus, start=start, days=days,
                            tick_s=data["tick_s"], boot_delay_s=data["boot_delay_s"],
                            price_per_host_hour=data["price_per_host_hour"])
+        forecast = None
+        if plan.is_predictive:  # fitted on the weeks before the simulated window, as the live loop would be
+            weeks = plan.predictive.history_weeks
+            start_ms = int(start.timestamp() * 1000)
+            past = await self.repo.pool_demand(cfg.name, start_ms - weeks * WEEK_MS, start_ms)
+            fit_start = datetime.fromtimestamp(start_ms / 1000.0 - weeks * WEEK_MS / 1000.0, UTC)
+            forecast = await asyncio.get_running_loop().run_in_executor(
+                None, functools.partial(history_forecast, past, fit_start, weeks, plan.time_zone))
         run = functools.partial(sizing_report, demand, config, plan, label, data["recommend"],
-                                data["target_wait_pct"])
+                                data["target_wait_pct"], forecast)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         async with self._simulations:

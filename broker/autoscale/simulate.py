@@ -15,7 +15,8 @@ Poisson arrivals with a time-varying rate, log-normal durations) -- through:
     decisions applied as the service would: StartHosts boots down hosts that come up after
     ``boot_delay_s``; Drain/Undrain flip a host's state; StopHost stops an empty drained host;
     EndSessions ends the sessions on a host (counted as force-ended); SetStrategy switches
-    placement.
+    placement.  A predictive plan gets the forecast passed to `simulate` and ``tick_s`` as its
+    interval in every snapshot, as the service gives it the pool's forecast and its interval.
   - the queue: FIFO; a request that finds no free seat waits; it abandons after the pool's
     ``queue_timeout_s``; with ``max_queue`` requests already waiting it is rejected.
 
@@ -27,7 +28,8 @@ boot included), cost at ``price_per_host_hour``, peak concurrency, queue-wait p5
 no autoscaler.  `recommend` searches plan parameters for the cheapest plan meeting a wait
 target: a coarse pass over joint aggressiveness levels (binary search), then a coordinate
 refinement of each parameter, each candidate simulation aborting as soon as it is known to
-miss the target.
+miss the target.  The perfect-foresight yardsticks (packing oracle, lower bound) are in
+`broker.autoscale.oracle`, surprise weeks in `broker.autoscale.scenarios`.
 
 Concurrency model: none.  Single-threaded and pure apart from `main` (argparse and printing):
 no clock reads (simulated time only; benchmarks time runs themselves), no I/O, and the only
@@ -47,11 +49,13 @@ import json
 import math
 import random
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+from broker.autoscale.forecast import DemandForecast
+from broker.autoscale.oracle import lower_bound, packing_oracle
 from broker.autoscale.plans import DEFAULT_PLAN, PhaseSettings, ScalingPlan, phase_at
 from broker.autoscale.policy import (
     HOST_STARTING,
@@ -124,8 +128,12 @@ def weekly_shape(t_s: float, start_weekday: int = 0) -> float:
 
 def synthetic_demand(peak_concurrency: int, days: float = 7.0, *, seed: int = 0, mean_duration_s: float = 3600.0,
                      duration_sigma: float = 0.8, start_weekday: int = 0,
-                     max_duration_s: float = 8 * 3600.0) -> tuple[Arrival, ...]:
+                     max_duration_s: float = 8 * 3600.0,
+                     shape: Callable[[float], float] | None = None) -> tuple[Arrival, ...]:
     """Poisson arrivals whose rate follows `weekly_shape`, scaled so concurrency peaks near ``peak_concurrency``.
+
+    ``shape`` replaces `weekly_shape`: demand as a fraction of peak at t seconds after the start
+    (`broker.autoscale.scenarios` builds surprise weeks this way).
 
     By Little's law concurrency ~ rate * mean duration, so the rate at shape 1.0 is
     peak / mean duration.  The rate is constant within each simulated minute (its value at
@@ -135,7 +143,8 @@ def synthetic_demand(peak_concurrency: int, days: float = 7.0, *, seed: int = 0,
     rng = random.Random(seed)
     peak_rate = peak_concurrency / mean_duration_s  # arrivals per second at shape 1.0
     minutes = math.ceil(days * DAY_S / 60)
-    rates = [peak_rate * weekly_shape(m * 60 + 30, start_weekday) for m in range(minutes)]
+    curve = shape if shape is not None else (lambda t: weekly_shape(t, start_weekday))
+    rates = [peak_rate * max(0.0, curve(m * 60 + 30)) for m in range(minutes)]
     mu = math.log(mean_duration_s) - duration_sigma ** 2 / 2
     out: list[Arrival] = []
     t = 0.0
@@ -303,8 +312,12 @@ class Fleet:
 
 
 def simulate(demand: Sequence[Arrival], config: SimConfig, plan: ScalingPlan | None, *, label: str = "",
-             abort_over_60s: int | None = None, check_placement: bool = False) -> SimResult:
+             abort_over_60s: int | None = None, check_placement: bool = False,
+             forecast: DemandForecast | None = None) -> SimResult:
     """Replay ``demand`` on ``config``'s pool under ``plan`` (None: always-on, every host up).
+
+    ``forecast``: the demand forecast a predictive plan sizes the pool with (fitted on history
+    before ``config.start``; None: the plan sizes on live demand only).
 
     ``abort_over_60s``: stop as soon as more requests than this have waited over 60 s (or were
     abandoned/rejected); the result is then partial and marked ``aborted``.
@@ -422,7 +435,7 @@ def simulate(demand: Sequence[Arrival], config: SimConfig, plan: ScalingPlan | N
                 on_snaps[i] = HostSnapshot(fleet.ids[i], st, fleet.used[i], fleet.seats)
         fleet.dirty.clear()
         snapshot = PoolSnapshot(pool_now, tuple(on_snaps.values()), max_hosts=n, queued=queued,
-                                new_host_seats=fleet.seats)
+                                new_host_seats=fleet.seats, interval_s=float(config.tick_s), forecast=forecast)
         assert plan is not None
         decisions, state = decide(snapshot, config.start + timedelta(seconds=t), plan, state)
         for d in decisions:
@@ -539,10 +552,10 @@ def _result(label: str, config: SimConfig, host_seconds: float, arrivals: int, s
 # --- comparison and recommendation ------------------------------------------------------------
 
 
-def compare(demand: Sequence[Arrival], config: SimConfig,
-            plans: Sequence[tuple[str, ScalingPlan | None]]) -> list[SimResult]:
-    """Simulate each (label, plan) on the same demand; plan None is always-on."""
-    return [simulate(demand, config, plan, label=label) for label, plan in plans]
+def compare(demand: Sequence[Arrival], config: SimConfig, plans: Sequence[tuple[str, ScalingPlan | None]], *,
+            forecast: DemandForecast | None = None) -> list[SimResult]:
+    """Simulate each (label, plan) on the same demand; plan None is always-on; predictive plans use ``forecast``."""
+    return [simulate(demand, config, plan, label=label, forecast=forecast) for label, plan in plans]
 
 
 @dataclass(frozen=True)
@@ -661,17 +674,26 @@ TABLE_COLUMNS: Final = (("plan", 44), ("host-h", 10), ("cost", 11), ("vs always-
                         ("peak hosts", 10))
 
 
-def format_table(results: Sequence[SimResult], baseline_host_hours: float | None = None) -> str:
-    """A fixed-width comparison table; savings are relative to ``baseline_host_hours`` (or the first row)."""
+def format_table(results: Sequence[SimResult], baseline_host_hours: float | None = None, *,
+                 oracle_host_hours: float | None = None, bound_host_hours: float | None = None) -> str:
+    """A fixed-width comparison table; savings are relative to ``baseline_host_hours`` (or the first row).
+
+    With ``oracle_host_hours`` / ``bound_host_hours`` (`broker.autoscale.oracle`) each row also shows
+    its host-hours as a multiple of the packing oracle's and of the lower bound's.
+    """
     base = baseline_host_hours if baseline_host_hours is not None else (results[0].host_hours if results else 0.0)
-    lines = ["  ".join(f"{name:>{w}}" if i else f"{name:<{w}}" for i, (name, w) in enumerate(TABLE_COLUMNS))]
+    extra = [(name, 8, ref) for name, ref in (("x oracle", oracle_host_hours), ("x bound", bound_host_hours))
+             if ref is not None]
+    columns = (*TABLE_COLUMNS, *((name, w) for name, w, _ in extra))
+    lines = ["  ".join(f"{name:>{w}}" if i else f"{name:<{w}}" for i, (name, w) in enumerate(columns))]
     for r in results:
         change = f"{100.0 * (r.host_hours / base - 1):+.1f}%" if base else "-"
         cells = (r.label[:44], f"{r.host_hours:,.0f}", f"{r.cost:,.2f}", change, f"{r.wait_p50_s:.0f}",
                  f"{r.wait_p95_s:.0f}", f"{r.wait_p99_s:.0f}", f"{r.waited_over_60s_pct:.2f}", str(r.force_ended),
-                 str(r.peak_concurrency), str(r.peak_hosts_on))
+                 str(r.peak_concurrency), str(r.peak_hosts_on),
+                 *(f"{r.host_hours / ref:.3f}" if ref else "-" for _, _, ref in extra))
         lines.append("  ".join(f"{c:>{w}}" if i else f"{c:<{w}}" for i, (c, (_, w)) in
-                               enumerate(zip(cells, TABLE_COLUMNS, strict=True))))
+                               enumerate(zip(cells, columns, strict=True))))
     return "\n".join(lines)
 
 
@@ -718,9 +740,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             out["candidates_evaluated"] = len(rec.evaluated)
         print(json.dumps(out, indent=2))
         return 0
+    horizon = args.days * DAY_S
+    oracle = packing_oracle(demand, args.seats_per_host, args.boot_delay_s, horizon).host_hours
+    bound = lower_bound(demand, args.seats_per_host, args.boot_delay_s, horizon)
     print(f"{len(demand):,} session requests over {args.days:g} days; {args.hosts} hosts x {args.seats_per_host} "
-          f"seats; price {args.price:g}/host-hour")
-    print(format_table(results))
+          f"seats; price {args.price:g}/host-hour; packing oracle {oracle:,.0f} host-hours, lower bound "
+          f"{bound:,.0f}")
+    print(format_table(results, oracle_host_hours=oracle, bound_host_hours=bound))
     if rec is not None and not rec.meets_target:
         print(f"note: no candidate met the target of <= {args.target_wait_pct:g}% waiting over 60 s")
     return 0

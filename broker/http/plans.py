@@ -2,11 +2,14 @@
 
 - ``PUT/GET/DELETE /api/v1/pools/{name}/plan`` (admin): a pool's scaling plan, validated by
   ``broker.autoscale.plans.PLAN_SCHEMA`` (nothing is stored when it is invalid), kept in SQL, audited.
-  A pool is autoscaled while it has a plan; DELETE turns autoscaling off and undrains the
-  hosts the autoscaler had drained.
+  A pool is autoscaled while it has a plan (``mode``: reactive, or predictive with its
+  ``predictive`` margin settings); DELETE turns autoscaling off and undrains the hosts the
+  autoscaler had drained.
 - ``GET /api/v1/pools/{name}/autoscale`` (admin): current phase, persisted state, the last
-  evaluation and the latest decisions with their reasons (``?limit=50``).
+  evaluation and the latest decisions with their reasons and, for predictive plans, the numbers
+  behind them (forecast, margin, actual) (``?limit=50``).
 - ``POST /api/v1/pools/{name}/simulate`` (admin): always-on vs the plan vs a recommended plan,
+  each also as a multiple of the packing oracle's and the lower bound's host-hours,
   over the pool's SQL history or a synthetic week (``broker.autoscale.scaler.SIMULATE_SCHEMA``); the
   simulation runs in an executor thread.
 - ``GET /api/v1/pools/{name}/recommendation`` (admin): the latest stored recommendation, or 404.

@@ -12,6 +12,7 @@ import pytest
 from broker.autoscale.plans import (
     DEFAULT_PLAN,
     PhaseName,
+    PredictiveSettings,
     ScalingPlan,
     phase_at,
     plan_json_schema,
@@ -44,6 +45,19 @@ def test_default_plan_round_trips_through_its_body() -> None:
     assert ScalingPlan.from_body(DEFAULT_PLAN.to_dict()) == DEFAULT_PLAN
     assert {s.name for s in DEFAULT_PLAN.schedules} == {"weekdays", "weekend"}
     assert sorted(d for s in DEFAULT_PLAN.schedules for d in s.days) == list(range(7))
+
+
+def test_predictive_mode_is_a_stored_plan_field_with_defaults() -> None:
+    plan = ScalingPlan.from_body({"schedules": [{"days": ["mon"]}], "mode": "predictive",
+                                  "predictive": {"margin_pct": 15}})
+    assert plan.is_predictive and plan.predictive == PredictiveSettings(margin_pct=15.0)
+    assert plan.to_dict()["predictive"] == {"margin_pct": 15.0, "margin_seats": 4, "boot_s": 300,
+                                            "history_weeks": 4}
+    assert ScalingPlan.from_body(plan.to_dict()) == plan
+    # a body stored before the field existed reads as reactive with default settings
+    old = {k: v for k, v in DEFAULT_PLAN.to_dict().items() if k not in ("mode", "predictive")}
+    assert ScalingPlan.from_body(old) == DEFAULT_PLAN and not DEFAULT_PLAN.is_predictive
+    assert plan_json_schema()["properties"]["mode"]["enum"] == ["reactive", "predictive"]
 
 
 def test_minimal_body_fills_phase_defaults() -> None:
@@ -85,6 +99,15 @@ def _with_schedule(**changes: Any) -> dict[str, Any]:
         (_with_schedule(peak={"start": "09:00", "strategy": "random"}), "schedules[0].peak.strategy"),
         (_with_schedule(scale_in_mode="kill"), "schedules[0].scale_in_mode"),
         (_with_schedule(logoff_wait_min=-5), "schedules[0].logoff_wait_min"),
+        (body(mode="psychic"), "mode"),
+        (body(mode=None), "mode"),
+        (body(predictive=[]), "predictive"),
+        (body(predictive={"margin_pct": -1}), "predictive.margin_pct"),
+        (body(predictive={"margin_pct": 201}), "predictive.margin_pct"),
+        (body(predictive={"margin_seats": 1.5}), "predictive.margin_seats"),
+        (body(predictive={"boot_s": 3601}), "predictive.boot_s"),
+        (body(predictive={"history_weeks": 0}), "predictive.history_weeks"),
+        (body(predictive={"lookahead": 1}), "predictive.lookahead"),
     ],
 )
 def test_schema_errors_name_the_field(payload: dict[str, Any], field: str) -> None:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from datetime import UTC, datetime
 
 import pytest
 
+from broker.autoscale.plans import DEFAULT_PLAN
 from broker.autoscale.policy import HOST_STARTING, StopHost
 from broker.autoscale.providers import HostProvider
-from broker.autoscale.scaler import Outcome, Record, Scaler, build_snapshot
+from broker.autoscale.scaler import Outcome, Record, Scaler, build_snapshot, history_forecast, sizing_report
+from broker.autoscale.simulate import SimConfig, synthetic_demand
 from broker.http.plans import SCALER
 from broker.keys_app import BROKER
 from broker.models import PoolConfig
@@ -359,3 +362,90 @@ def test_build_snapshot_merges_redis_and_provider_views() -> None:
                      "n1": (HOST_STARTING, 0, 4)}
     assert starting == {"c": 1_000_000, "n1": 1_000_000} and overdue == ["n2"]
     assert (snap.pending_starts, snap.queued, snap.max_hosts, snap.new_host_seats) == (1, 2, 5, 4)
+
+
+# --- predictive plans ---------------------------------------------------------------------------
+
+
+async def test_a_predictive_plan_is_validated_stored_and_named_in_its_errors(api) -> None:
+    await setup_pool(api, "p1", hosts=1)
+    url = "/api/v1/pools/p1/plan"
+    body = {**plan_body(), "mode": "predictive", "predictive": {"margin_pct": 15, "margin_seats": 1}}
+    for bad, field in (({**body, "mode": "clairvoyant"}, "mode"),
+                       ({**body, "predictive": {"margin_pct": -3}}, "predictive.margin_pct"),
+                       ({**body, "predictive": {"boot_s": "slow"}}, "predictive.boot_s"),
+                       ({**body, "predictive": {"history_weeks": 99}}, "predictive.history_weeks")):
+        r = await api.put(url, json=bad, headers=auth(ADMIN))
+        assert r.status == 422, await r.text()
+        problem = await r.json()
+        assert problem["field"] == field and problem["detail"].startswith(field)
+    assert (await api.get(url, headers=auth(ADMIN))).status == 404  # nothing stored
+    await put_plan(api, "p1", body)
+    got = (await (await api.get(url, headers=auth(ADMIN))).json())["plan"]
+    assert got["mode"] == "predictive"
+    assert got["predictive"] == {"margin_pct": 15.0, "margin_seats": 1, "boot_s": 300, "history_weeks": 4}
+
+
+async def test_predictive_evaluation_logs_forecast_margin_and_actual_with_each_decision(api, clock) -> None:
+    await setup_pool(api, "p1", hosts=3, max_sessions_per_gpu=2)
+    await put_plan(api, "p1", {**plan_body(), "mode": "predictive",
+                               "predictive": {"margin_pct": 10, "margin_seats": 0}})
+    b = api.app[BROKER]
+    fake = FakeProvider()
+    fake.running = {"p1-h0": "p1", "p1-h1": "p1", "p1-h2": "p1"}
+    scaler = Scaler(b, fake, dataclasses.replace(b.settings, autoscale_interval_s=60.0))
+    at(clock, 2025, 12, 2, 10, 0)  # peak: predictive plans scale in whenever the forecast allows
+    await new_session(api, "u1")  # breadth-first for now: on p1-h0
+    # no history yet (no forecast): the live demand, 1 session, sizes the pool: ceil(1 * 1.1) = 2 seats of 6;
+    # the two empty hosts are drained and stopped in the same pass, the busy one is never touched
+    ev = await scaler.evaluate_pool("p1")
+    assert ev is not None
+    assert kinds(ev) == [("set_strategy", None, "applied"), ("drain", "p1-h1", "applied"),
+                         ("stop_host", "p1-h1", "applied"), ("drain", "p1-h2", "applied"),
+                         ("stop_host", "p1-h2", "applied")]
+    assert [a.reason for a in ev.applied] == ["predictive_strategy", "forecast_surplus", "drained_empty",
+                                              "forecast_surplus", "drained_empty"]
+    assert sorted(fake.stopped) == ["p1-h1", "p1-h2"] and await host_states(api) == {"p1-h0": ("up", 1)}
+    view = await (await api.get("/api/v1/pools/p1/autoscale", headers=auth(ADMIN))).json()
+    drain = next(d for d in view["decisions"] if d["kind"] == "drain")
+    assert drain["reason"] == "forecast_surplus"
+    facts = drain["detail"]
+    assert (facts["actual"], facts["capacity"], facts["target"], facts["margin_pct"], facts["trend"]) == (
+        1, 6, 2, 10.0, 1.0)
+    assert "forecast" not in facts and "no forecast" in facts["detail"] and facts["outcome"] == "applied"
+    assert view["state"]["last_demand"] == 1.0 and view["state"]["forecast_ratio"] == 1.0
+    # demand grows: 3 sessions on the 2 seats left (one waits); the live trend adds the growth over boot +
+    # interval (60 s here): +2 per 60 s -> 3 + 2 / 60 * 360 = 15 -> ceil(16.5) = 17 seats: 8 hosts of 2
+    await new_session(api, "u2")
+    await new_session(api, "u3")
+    clock.advance(60_000)
+    ev = await scaler.evaluate_pool("p1")
+    assert ev is not None
+    [start] = [a for a in ev.applied if a.kind == "start_hosts"]
+    assert (start.count, start.reason, start.info["target"], start.info["actual"]) == (8, "actual", 17, 3)
+    assert scaler._forecasts["p1"][2] is None  # no week of history: no forecast, refitted within the hour
+
+
+def test_history_forecast_uses_whole_weeks_since_the_first_request() -> None:
+    start = datetime(2025, 11, 3, tzinfo=UTC)  # a Monday; the window is three weeks from here
+    first_ms = int(start.timestamp() * 1000) + 7 * 86_400_000  # the pool is two weeks old
+    rows = [(first_ms + k * 3_600_000, first_ms + k * 3_600_000, first_ms + k * 3_600_000 + 1_800_000)
+            for k in range(14 * 24)]  # every hour a 30-minute session
+    fc = history_forecast(rows, start, 3, "UTC")
+    assert fc is not None and fc.weeks == 2 and fc.trend_per_week == pytest.approx(1.0)
+    t = start.timestamp() + 21 * 86_400 + 10 * 3600  # Monday after the window, 10:00 .. 10:30 and 10:30 .. 11:00
+    assert fc.at(t + 600) == pytest.approx(1.0) and fc.at(t + 2400) == pytest.approx(0.0)
+    assert history_forecast([], start, 3, "UTC") is None
+    assert history_forecast(rows[-48:], start, 3, "UTC") is None  # two days of history: under a week
+
+
+def test_sizing_report_has_the_yardsticks_and_a_predictive_plan_runs_in_it() -> None:
+    demand = synthetic_demand(60, 1, seed=4)
+    config = SimConfig(PoolConfig("p", max_queue=10_000), hosts=30, seats_per_host=4, days=1)
+    predictive = dataclasses.replace(DEFAULT_PLAN, mode="predictive")
+    report = sizing_report(demand, config, predictive, "proposed", False, 1.0, None)
+    oracle = report["yardsticks"]["oracle_host_hours"]
+    assert report["yardsticks"]["lower_bound_host_hours"] <= oracle < report["host_hours"]["plan"]
+    assert report["vs_oracle"]["plan"] == round(report["host_hours"]["plan"] / oracle, 4)
+    assert report["vs_oracle"]["always_on"] > report["vs_oracle"]["plan"] > 1
+    assert report["forecast"] is None and [r["label"] for r in report["results"]] == ["always-on", "proposed"]
