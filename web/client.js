@@ -27,6 +27,8 @@ const DEFAULT_DISCONNECT_TIMEOUT_S = 300;
 const TICK_MS = 1000; // stats sample and input-channel ping period
 const POLL_INTERVAL_MS = 3000; // fallback when the events stream cannot be opened
 const HINT_MS = 5000;
+// receive-side buffering (playout.js): "low" unless the page was opened with ?playout=browser
+const PLAYOUT_MODE = new URLSearchParams(location.search).get("playout") === "browser" ? "browser" : "low";
 
 /** User-facing text for each end reason (tests/web/test_protocol_sync.py checks none is missing). */
 const END_REASON_TEXT = Object.freeze({
@@ -340,7 +342,7 @@ async function connect() {
   const sig = s.signaling || { url: `/api/v1/sessions/${s.id}/signal`, ice_servers: [] };
   const mine = () => app.link === link; // handlers of a replaced link are ignored
   const link = new PeerLink({
-    signalUrl: sig.url, token: app.token, iceServers: sig.ice_servers || [],
+    signalUrl: sig.url, token: app.token, iceServers: sig.ice_servers || [], playout: PLAYOUT_MODE,
     starting: () => Boolean(app.session && app.session.state === SessionState.STARTING),
     on: {
       answered: () => { if (mine()) { step("node", "done"); step("ice", "active"); } },
@@ -432,6 +434,10 @@ function onNodeEvent(data) {
       break;
     case NodeEventType.STATS:
       app.nodeStats = msg;
+      // the node's own share of the jitter we measure: no reason for a buffer here (playout.js)
+      if (app.link && app.link.playout && Number.isFinite(msg.send_jitter_ms)) {
+        app.link.playout.nodeJitterMs = msg.send_jitter_ms;
+      }
       break;
     default:
       break;
@@ -558,7 +564,9 @@ function statsNow(update) {
   const link = app.link;
   if (!link || !link.pc) return Promise.resolve(null);
   return readStats(link.pc, app.statsPrev, { inputRttMs: app.inputRttMs, node: app.nodeStats,
-                                             glassToGlassMs: stamps.glassToGlassMs })
+                                             glassToGlassMs: stamps.glassToGlassMs,
+                                             playoutMode: PLAYOUT_MODE,
+                                             playoutTargetMs: link.playout ? link.playout.targetMs : null })
     .then((s) => { if (update && app.link === link) app.statsPrev = s; return s; });
 }
 

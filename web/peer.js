@@ -9,6 +9,11 @@
 //
 // A second channel (probe.js) answers the node's delay probes for its bitrate control.
 //
+// Receive-side buffering (playout.js): the offer asks for the node's playout-delay extension (frames are
+// shown once decoded, no jitter-buffer wait) and the receiver's floor (jitterBufferTarget) starts at 0;
+// it grows only when the jitter in the stats probe.js polls needs a buffer.  o.playout = "browser"
+// leaves Chromium's own buffering instead (the benchmark's baseline).
+//
 // Input channel: ordered and reliable (the defaults).  Key and button events are state changes:
 // a lost key-up leaves a key stuck on the remote side, and a reordered down/up pair does the same,
 // so unordered or partially reliable delivery would trade latency for stuck input.  Latency is
@@ -22,6 +27,7 @@
 import { INPUT_CHANNEL_LABEL, SignalType } from "./protocol.js";
 import { withToken, wsUrl } from "./common.js";
 import { answerProbes } from "./probe.js";
+import { PlayoutControl, negotiatePlayoutDelay } from "./playout.js";
 
 const ICE_GATHER_TIMEOUT_MS = 4000; // send what we have if gathering stalls (e.g. an unreachable STUN server)
 const OFFER_RESEND_MS = 10_000; // last resort, only for an offer sent to a running session
@@ -49,6 +55,7 @@ export class PeerLink {
    * @param {string} o.token  bearer token, sent as ?access_token= (WebSockets cannot set headers)
    * @param {object[]} o.iceServers  the session's ICE servers, used as given
    * @param {() => boolean} o.starting  true while the broker still reports the session "starting"
+   * @param {string} [o.playout]  receive-side buffering: "low" (default) or "browser" (see playout.js)
    * @param {object} o.on  handlers: answered(), state(connectionState), track(MediaStream),
    *   channelOpen(), nodeEvent(rawData), bye(reason), signalError(msg), signalClosed()
    */
@@ -57,6 +64,7 @@ export class PeerLink {
     this.pc = null;
     this.dc = null;
     this.probes = null;
+    this.playout = null;
     this.ws = null;
     this.offer = null;
     this.answered = false;
@@ -70,10 +78,15 @@ export class PeerLink {
   async start() {
     const pc = new RTCPeerConnection({ iceServers: this.o.iceServers || [], bundlePolicy: "max-bundle" });
     this.pc = pc;
-    pc.addTransceiver("video", { direction: "recvonly" });
+    const video = pc.addTransceiver("video", { direction: "recvonly" });
+    const mode = this.o.playout || "low";
+    negotiatePlayoutDelay(video, mode);
+    const playout = new PlayoutControl(video.receiver, mode);
+    this.playout = playout;
     const dc = pc.createDataChannel(INPUT_CHANNEL_LABEL, { ordered: true });
     this.dc = dc;
-    this.probes = answerProbes(pc); // the node's delay probes (its bitrate control)
+    // the node's delay probes (its bitrate control); their stats polls feed the jitter buffer's floor
+    this.probes = answerProbes(pc, { onReport: (report) => playout.observe(report, performance.now()) });
     dc.onopen = () => { if (!this.closed) this.o.on.channelOpen(); };
     dc.onmessage = (e) => { if (!this.closed) this.o.on.nodeEvent(e.data); };
     pc.ontrack = (e) => {

@@ -21,9 +21,11 @@ const RX_POLL_MS = 100;
 /**
  * Open `pc`'s probe channel (before the offer is made) and answer the node's probes.
  * @param {RTCPeerConnection} pc
+ * @param {{onReport?: (report: RTCStatsReport) => void}} [opts]  onReport sees every stats report
+ *   polled (every RX_POLL_MS), for other receive-side readings (web/playout.js)
  * @returns {{channel: RTCDataChannel, stop: () => void}}
  */
-export function answerProbes(pc) {
+export function answerProbes(pc, opts = {}) {
   const channel = pc.createDataChannel(PROBE_CHANNEL_LABEL, { ordered: false, maxRetransmits: 0 });
   let rx = 0;
   let rxMs = 0;
@@ -36,7 +38,12 @@ export function answerProbes(pc) {
     try {
       let count = null;
       let frames = null;
-      (await pc.getStats()).forEach((s) => {
+      const report = await pc.getStats();
+      if (stopped) return;
+      if (opts.onReport) {
+        try { opts.onReport(report); } catch (err) { console.warn("stats report handler failed:", err); }
+      }
+      report.forEach((s) => {
         if (s.type !== "inbound-rtp" || s.kind !== "video") return;
         count = (count ?? 0) + (s.packetsReceived ?? 0);
         if (typeof s.framesDecoded === "number") frames = (frames ?? 0) + s.framesDecoded;

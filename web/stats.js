@@ -44,6 +44,8 @@ export async function readStats(pc, prev, extra = {}) {
     rttMs: pair && Number.isFinite(pair.currentRoundTripTime) ? pair.currentRoundTripTime * 1000 : null,
     decodeMs: i.framesDecoded ? (i.totalDecodeTime / i.framesDecoded) * 1000 : null,
     jitterBufferMs: i.jitterBufferEmittedCount ? (i.jitterBufferDelay / i.jitterBufferEmittedCount) * 1000 : null,
+    jitterBufferDelay: i.jitterBufferDelay ?? 0, // s, summed over frames (the figure above is recent)
+    jitterBufferEmittedCount: i.jitterBufferEmittedCount ?? 0,
     bitrateBps: null,
     lossPct: null,
     timestamp: inbound ? inbound.timestamp : null,
@@ -54,6 +56,8 @@ export async function readStats(pc, prev, extra = {}) {
     out.bitrateBps = ((out.bytesReceived - prev.bytesReceived) * 8) / dt;
     const lost = out.packetsLost - prev.packetsLost, got = out.packetsReceived - prev.packetsReceived;
     out.lossPct = lost + got > 0 ? (Math.max(0, lost) / (lost + got)) * 100 : 0;
+    const emitted = out.jitterBufferEmittedCount - (prev.jitterBufferEmittedCount ?? 0);
+    if (emitted > 0) out.jitterBufferMs = ((out.jitterBufferDelay - (prev.jitterBufferDelay ?? 0)) / emitted) * 1000;
     const frames = out.framesDecoded - prev.framesDecoded;
     if (frames > 0) {
       out.decodeMs = ((out.totalDecodeTime - prev.totalDecodeTime) / frames) * 1000; // recent, not lifetime
@@ -80,6 +84,7 @@ export function renderStats(box, s) {
     row("Packet loss", fmtNum(s.lossPct, 2, " %")),
     row("Decode time", fmtNum(s.decodeMs, 2, " ms")),
     row("Jitter buffer", fmtNum(s.jitterBufferMs, 1, " ms")),
+    row("Buffer floor", s.playoutMode === "browser" ? "browser default" : fmtNum(s.playoutTargetMs, 0, " ms")),
     row("Frames dropped", String(s.framesDropped)),
     n.encoder ? row("Encoder", String(n.encoder)) : null,
     Number.isFinite(n.encode_ms) ? row("Encode time", fmtNum(n.encode_ms, 2, " ms")) : null,

@@ -256,11 +256,16 @@ class Feedback:
     send_rate_bps: int | None = None
     probe_rtt_ms: float | None = None
     recv_rate_bps: int | None = None
+    # what we sent over the same span as the viewer's receive rate (the packets that rate counts,
+    # as sent): the viewer receiving less than this is the path's doing; None: compare with the
+    # send rate (an average over a longer, later window)
+    sent_matched_bps: int | None = None
 
     def __post_init__(self) -> None:
         if self.fraction_lost is not None and not 0 <= self.fraction_lost <= 255:
             raise ValueError("fraction_lost is RTCP's 0-255 fixed point")
-        for name in ("remb_bps", "send_rate_bps", "jitter_ms", "rtt_ms", "probe_rtt_ms", "recv_rate_bps"):
+        for name in ("remb_bps", "send_rate_bps", "jitter_ms", "rtt_ms", "probe_rtt_ms", "recv_rate_bps",
+                     "sent_matched_bps"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -287,6 +292,7 @@ class BitrateSignals:
     probe_threshold_ms: float | None = None  # above baseline + this, a probe RTT is "high"
     probe_high_samples: int = 0
     recv_rate_bps: int | None = None
+    sent_matched_bps: int | None = None  # what we sent over the viewer's receive window (this update's)
     fast: bool = False  # probe answers arrive: fast mode
     # The fresh send rate was under APP_LIMITED_PERCENT of the target in force while it was
     # measured: the encoder does not use the bits it has (simple content), so a low REMB
@@ -435,8 +441,12 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
     severe = saturated = False
     if feedback.recv_rate_bps is not None and send_rate is not None and send_rate > 0 and path_limited:
         # against the lower of the send rate and the target: the send rate is a second's average,
-        # still high for a second after a cut that the viewer's rate already shows
-        sent = min(send_rate, state.target_bps)
+        # still high for a second after a cut that the viewer's rate already shows.  Where the caller
+        # knows what it sent over the viewer's own window (sent_matched_bps), that is the reference: an
+        # encoder that slows down (a loaded CPU) shows in the viewer's short, earlier window before it
+        # shows in the send rate's average, and read as a shortfall it cut an idle loopback link.
+        basis = feedback.sent_matched_bps if feedback.sent_matched_bps is not None else send_rate
+        sent = min(basis, state.target_bps)
         short = feedback.recv_rate_bps * 100 < sent * RECV_SHORTFALL_PERCENT
         severe = feedback.recv_rate_bps * 100 < sent * RECV_SEVERE_PERCENT
         saturated = feedback.recv_rate_bps * 100 < sent * RECV_SATURATION_PERCENT
@@ -585,6 +595,7 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
         probe_threshold_ms=probe.threshold_ms,
         probe_high_samples=probe.high_samples,
         recv_rate_bps=recv_rate,
+        sent_matched_bps=feedback.sent_matched_bps,
         fast=fast,
         app_limited=(
             state.started

@@ -75,6 +75,7 @@ class ControlStep:
     bitrate: BitrateDecision
     ladder: LadderDecision
     encoder_bps: int
+    frame_load: float | None = None  # the frame thread's time per frame over the interval (the ladder's CPU input)
 
     def record(self, now_ms: int) -> dict[str, Any]:
         """A JSON-ready telemetry record of this step: target, reasons, rung and the signals used.
@@ -108,6 +109,8 @@ class ControlStep:
             "probe_rtt_baseline_ms": round2(s.probe_rtt_baseline_ms),
             "probe_threshold_ms": round2(s.probe_threshold_ms),
             "recv_rate_bps": s.recv_rate_bps,
+            "sent_matched_bps": s.sent_matched_bps,
+            "frame_load": round2(self.frame_load),
         }
 
 
@@ -202,13 +205,17 @@ class StreamController:
         """The rung to encode at now."""
         return self._ladder.rung
 
-    def update(self, feedback: Feedback, now_ms: int) -> ControlStep:
-        """Fold one period's feedback in (``now_ms``: a monotonic clock, milliseconds)."""
+    def update(self, feedback: Feedback, now_ms: int, frame_load: float | None = None) -> ControlStep:
+        """Fold one period's feedback in (``now_ms``: a monotonic clock, milliseconds).
+
+        ``frame_load``: the node's frame thread, wall time per frame over the frame interval (None:
+        unknown).  It reaches the ladder only (``streamer.abr.ladder``): CPU lateness never moves the bitrate.
+        """
         in_force = mean_target(self._targets, now_ms) if self._targets else None
         given = mean_target(self._given, now_ms) if self._given else None
         bitrate = bitrate_policy.decide(self._bitrate, feedback, now_ms)
         ladder = ladder_policy.decide(
-            self._ladder, bitrate.target_bps, now_ms, app_limited=bitrate.signals.app_limited
+            self._ladder, bitrate.target_bps, now_ms, app_limited=bitrate.signals.app_limited, frame_load=frame_load
         )
         elapsed_ms = now_ms - self._last_ms if self.last is not None else 0
         values = [v for _, v in self._targets]
@@ -225,5 +232,5 @@ class StreamController:
                 steps.append((now_ms, value))
             while len(steps) > 1 and steps[1][0] <= now_ms - RATE_MATCH_WINDOW_MS:
                 steps.popleft()
-        self.last = ControlStep(bitrate, ladder, encoder_bps)
+        self.last = ControlStep(bitrate, ladder, encoder_bps, frame_load)
         return self.last

@@ -20,6 +20,13 @@ Step-down orders: "keep_resolution" (desktops: text must stay sharp, drop fps
 Concurrency model: none. `decide(state, target_bps, now_ms)` is a pure function: no
 clock, no I/O, no asyncio; states and decisions are frozen values.
 
+CPU: the node's own frame time is an input of its own (``frame_load``: the frame thread's
+wall time per frame -- capture or render, colour conversion, encode -- over the frame interval).
+It never changes the bitrate: a late encoder is no congestion.  It moves the ladder instead: a load
+of `CPU_OVERLOAD_LOAD` or more for `CPU_STEP_DOWN_AFTER_MS` steps down one rung (fewer pixels or
+frames to make), and a step up waits until the better rung's projected load (this load x its pixel
+rate over the current one's) is under `CPU_STEP_UP_LOAD`, so it does not climb back into overload.
+
 Application-limited streams: when the caller says the encoder is application-limited
 (it sends far less than its target: a mostly idle desktop), a target below the floor is
 not a reason to step down -- the content needs fewer bits than the floor, and the low
@@ -32,6 +39,8 @@ Invariants:
   - No flapping: after a step up the target was >= margin * floor of the new rung, so
     stepping back down needs a drop below that floor (a >23 % fall at 130 %), sustained.
   - Any sample that breaks a condition restarts its sustain timer; a change restarts both.
+  - A CPU step down is one rung; none while the frame load is unknown; an overload that goes on
+    right after one needs `CPU_RESTEP_AFTER_MS` for the next.
   - Time never goes backwards: `now_ms` lower than the previous update's raises.
 """
 
@@ -49,6 +58,20 @@ STEP_UP_MARGIN_PERCENT = 130  # hysteresis: step up only at >= 130 % of the next
 MIN_FPS = 15  # keep_resolution halves fps down to this
 STANDARD_HEIGHTS = (2160, 1440, 1080, 720, 540, 360)  # keep_fps rungs below the source
 MIN_HEIGHT = 360
+# Frame load (wall time per frame / frame interval) at or over this is an overloaded node: frames
+# start late (the frame thread skips the ticks it missed).  Sustained this long, step down one rung.
+CPU_OVERLOAD_LOAD = 0.9
+CPU_STEP_DOWN_AFTER_MS = 2_000
+# An overload that goes on right after a CPU step down (within CPU_STEP_DOWN_AFTER_MS of it) needs this
+# long for the next one: the machine may be busy with something else for a while, and a late frame
+# thread waits for the CPU more than it works, so fewer pixels help less with each rung (a loaded
+# 2-core test machine stepped 720p -> 540p -> 360p within 4 s of an 8 s load at 2 s).
+CPU_RESTEP_AFTER_MS = 10_000
+# Step up only when the better rung's projected load (this load x its pixel rate over this one's,
+# 1.8-2.25x for keep_fps, 2x for keep_resolution) is under this: a margin under CPU_OVERLOAD_LOAD, so
+# that a climb does not land in an overload (and step straight back down).  An idle 2-core node makes
+# 720p60 at about 0.6 and 540p60 at about 0.35: 0.35 x 1.78 = 0.62 climbs.
+CPU_STEP_UP_LOAD = 0.75
 
 
 class LadderOrder(StrEnum):
@@ -68,6 +91,9 @@ class LadderReason(StrEnum):
     STEP_UP = "step_up"
     LOWEST_RUNG = "lowest_rung"  # below the floor but there is nothing lower
     APP_LIMITED = "app_limited"  # below the floor, but the encoder does not use its target: hold
+    CPU_STEP_DOWN_PENDING = "cpu_step_down_pending"  # the frame load is over CPU_OVERLOAD_LOAD, not for long enough
+    CPU_STEP_DOWN = "cpu_step_down"  # one rung down: the node cannot make this rung's frames in time
+    CPU_LIMITED = "cpu_limited"  # the target calls for a better rung the node's CPU cannot afford: hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +137,8 @@ class LadderState:
     below_since_ms: int | None = None
     above_since_ms: int | None = None
     last_update_ms: int | None = None
+    overload_since_ms: int | None = None  # the frame load has been >= CPU_OVERLOAD_LOAD since
+    cpu_step_ms: int | None = None  # the last CPU step down
 
     @property
     def rung(self) -> Rung:
@@ -180,38 +208,62 @@ def initial_state(ladder: Ladder, target_bps: int | None = None) -> LadderState:
     return LadderState(ladder=ladder, index=index)
 
 
-def decide(state: LadderState, target_bps: int, now_ms: int, *, app_limited: bool = False) -> LadderDecision:
+def decide(
+    state: LadderState, target_bps: int, now_ms: int, *, app_limited: bool = False, frame_load: float | None = None
+) -> LadderDecision:
     """Fold the controller's latest target into the ladder state and pick the rung.
 
     ``app_limited``: the encoder sent far less than its target in the last period
     (``streamer.abr.bitrate.BitrateSignals.app_limited``); a target below the floor then holds.
+    ``frame_load``: the frame thread's wall time per frame over the frame interval (None: unknown);
+    it steps down one rung when sustained over `CPU_OVERLOAD_LOAD` and gates the steps up.
     """
     if state.last_update_ms is not None and now_ms < state.last_update_ms:
         raise ValueError(f"now_ms {now_ms} is before the previous update {state.last_update_ms}")
     ladder = state.ladder
     index = state.index
     lowest = len(ladder.rungs) - 1
+    overloaded = frame_load is not None and frame_load >= CPU_OVERLOAD_LOAD
+    over_since = (state.overload_since_ms if state.overload_since_ms is not None else now_ms) if overloaded else None
 
     if target_bps < ladder.rungs[index].floor_bps:
         if index == lowest:
-            return _decision(state, index, LadderReason.LOWEST_RUNG, None, None, now_ms)
+            return _decision(state, index, LadderReason.LOWEST_RUNG, None, None, now_ms, over_since)
         if app_limited:
-            return _decision(state, index, LadderReason.APP_LIMITED, None, None, now_ms)
+            return _decision(state, index, LadderReason.APP_LIMITED, None, None, now_ms, over_since)
         since = state.below_since_ms if state.below_since_ms is not None else now_ms
         if now_ms - since >= ladder.step_down_after_ms:
             new_index = max(index + 1, _best_index_for(ladder, target_bps))
-            return _decision(state, new_index, LadderReason.STEP_DOWN, None, None, now_ms)
-        return _decision(state, index, LadderReason.STEP_DOWN_PENDING, since, None, now_ms)
+            return _decision(state, new_index, LadderReason.STEP_DOWN, None, None, now_ms, None)
+        return _decision(state, index, LadderReason.STEP_DOWN_PENDING, since, None, now_ms, over_since)
+
+    if over_since is not None and index < lowest:
+        stepped = state.cpu_step_ms
+        sustain = CPU_STEP_DOWN_AFTER_MS
+        if stepped is not None and over_since - stepped <= CPU_STEP_DOWN_AFTER_MS:
+            sustain = CPU_RESTEP_AFTER_MS  # still overloaded after the last CPU step: give it time
+        if now_ms - over_since >= sustain:
+            step = _decision(state, index + 1, LadderReason.CPU_STEP_DOWN, None, None, now_ms, None)
+            return replace(step, state=replace(step.state, cpu_step_ms=now_ms))
+        return _decision(state, index, LadderReason.CPU_STEP_DOWN_PENDING, None, None, now_ms, over_since)
 
     if index > 0:
         next_floor = ladder.rungs[index - 1].floor_bps
         if target_bps * 100 >= next_floor * ladder.step_up_margin_percent:
+            if frame_load is not None and frame_load * _pixel_rate_ratio(ladder, index) >= CPU_STEP_UP_LOAD:
+                return _decision(state, index, LadderReason.CPU_LIMITED, None, None, now_ms, over_since)
             since = state.above_since_ms if state.above_since_ms is not None else now_ms
             if now_ms - since >= ladder.step_up_after_ms:
-                return _decision(state, index - 1, LadderReason.STEP_UP, None, None, now_ms)
-            return _decision(state, index, LadderReason.STEP_UP_PENDING, None, since, now_ms)
+                return _decision(state, index - 1, LadderReason.STEP_UP, None, None, now_ms, None)
+            return _decision(state, index, LadderReason.STEP_UP_PENDING, None, since, now_ms, over_since)
 
-    return _decision(state, index, LadderReason.HOLD, None, None, now_ms)
+    return _decision(state, index, LadderReason.HOLD, None, None, now_ms, over_since)
+
+
+def _pixel_rate_ratio(ladder: Ladder, index: int) -> float:
+    """The next better rung's pixels per second over rung ``index``'s (what a step up costs the CPU)."""
+    up, here = ladder.rungs[index - 1], ladder.rungs[index]
+    return (up.width * up.height * up.fps) / (here.width * here.height * here.fps)
 
 
 def _best_index_for(ladder: Ladder, target_bps: int) -> int:
@@ -229,6 +281,7 @@ def _decision(
     below_since_ms: int | None,
     above_since_ms: int | None,
     now_ms: int,
+    overload_since_ms: int | None = None,
 ) -> LadderDecision:
     new_state = replace(
         state,
@@ -236,6 +289,7 @@ def _decision(
         below_since_ms=below_since_ms,
         above_since_ms=above_since_ms,
         last_update_ms=now_ms,
+        overload_since_ms=overload_since_ms,
     )
     return LadderDecision(
         rung=new_state.rung,

@@ -41,8 +41,28 @@ aiortc seams used (aiortc 1.16 / aioice 0.13, no vendored copies):
   ``advertise_host_addresses`` adopts every ICE gatherer of a connection
   before ``setLocalDescription`` gathers.  Reaching the gatherer's connection
   (``RTCIceGatherer._connection``) is the one private attribute we read.
+- Probe send times: aiortc's ``RTCSctpTransport`` queues a data-channel message
+  and sends it when the event loop gets there (tens of ms on a loaded node);
+  ``ProbeTimingSctp.adopt`` re-classes the connection's SCTP transport to
+  override ``_send_chunk(chunk)`` (aiortc calls it for every chunk it puts on
+  the wire), which reports when each probe actually left, so the probe's round
+  trip starts there (``streamer.media.probe``).
 - Round-trip time, jitter and loss are read through the public
   ``RTCRtpSender.getStats()`` (``remote-inbound-rtp``).
+- Playout delay: the viewer's jitter buffer is told to hold nothing (the RTP
+  playout-delay header extension, min = max = 0 by default: Chromium then decodes
+  and shows each frame as soon as it is complete instead of buffering ~1.5 frames).
+  aiortc 1.16 neither negotiates nor writes that extension: its answer keeps the
+  offer's extensions that its module list ``aiortc.codecs.HEADER_EXTENSIONS`` names,
+  and its sender serializes with a ``aiortc.rtp.HeaderExtensionsMap`` that knows a
+  fixed set of fields.  ``enable_playout_delay`` adds the offer's playout-delay
+  extension to this connection's transceiver only (``RTCRtpTransceiver._headerExtensions``,
+  read by ``createAnswer`` and the sender's ``send`` parameters) and re-classes the
+  sender's map (``RTCRtpSender.__rtp_header_extensions_map``, a name-mangled attribute)
+  as ``PlayoutDelayExtensions``, which writes the element on every packet after
+  aiortc's own ones.  These two private names are the price: aiortc offers no public
+  way to add a header extension; a wrong aiortc version makes the function return
+  False (logged), never break the connection.
 
 Concurrency model: asyncio, one event loop.  aiortc callbacks (data-channel
 messages, state changes, RTCP) run on the loop and never block: the router
@@ -82,16 +102,22 @@ from aiortc import (
 )
 from aiortc.rtcicetransport import RTCIceGatherer, connection_kwargs
 from aiortc.rtcpeerconnection import find_common_codecs
-from aiortc.rtcrtpparameters import RTCRtpCodecParameters
+from aiortc.rtcrtpparameters import RTCRtpCodecParameters, RTCRtpHeaderExtensionParameters, RTCRtpParameters
+from aiortc.rtcrtptransceiver import RTCRtpTransceiver
+from aiortc.rtcsctptransport import Chunk, DataChunk, RTCSctpTransport
 from aiortc.rtp import (
     RTCP_PSFB_APP,
     RTCP_PSFB_FIR,
     RTCP_PSFB_PLI,
     AnyRtcpPacket,
+    HeaderExtensions,
+    HeaderExtensionsMap,
     RtcpPsfbPacket,
     RtcpReceiverInfo,
     RtcpRrPacket,
     RtcpSrPacket,
+    pack_header_extensions,
+    unpack_header_extensions,
     unpack_remb_fci,
 )
 from aiortc.sdp import SessionDescription, candidate_from_sdp
@@ -99,7 +125,7 @@ from aiortc.sdp import SessionDescription, candidate_from_sdp
 from broker.protocol import INPUT_CHANNEL_LABEL, PROBE_CHANNEL_LABEL
 from streamer.desktop.inputs import ProbeAck, parse_input
 from streamer.desktop.inputsink import InputRouter
-from streamer.media.probe import PROBE_INTERVAL_MS, ProbeSample, ProbeTracker
+from streamer.media.probe import LOOP_TICK_MS, PROBE_INTERVAL_MS, LoopLateness, ProbeSample, ProbeTracker
 from streamer.media.rtx import RetransmitCounters, RetransmitLimiter
 
 log = logging.getLogger(__name__)
@@ -319,6 +345,138 @@ def candidate_from_signal(msg: Mapping[str, Any]) -> RTCIceCandidate | None:
     return candidate
 
 
+# --- playout delay ------------------------------------------------------------------------
+
+# libwebrtc's playout-delay extension: 3 bytes, 12-bit minimum and 12-bit maximum, in 10 ms units.
+PLAYOUT_DELAY_URI: Final = "http://www.webrtc.org/experiments/rtp-hdrext/playout-delay"
+PLAYOUT_DELAY_UNIT_MS: Final = 10
+PLAYOUT_DELAY_LIMIT_MS: Final = 0xFFF * PLAYOUT_DELAY_UNIT_MS
+
+
+@dataclass(frozen=True, slots=True)
+class PlayoutDelay:
+    """The playout delay range (ms, multiples of 10) the viewer's jitter buffer is asked to keep.
+
+    min = max = 0 (the default): render each frame as soon as it is decoded.  Chromium then
+    skips its jitter-buffer wait (libwebrtc's "zero playout delay"); a viewer that needs a
+    buffer on a jittery path raises its own floor (``RTCRtpReceiver.jitterBufferTarget``,
+    ``web/playout.js``).
+    """
+
+    min_ms: int = 0
+    max_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_ms <= self.max_ms <= PLAYOUT_DELAY_LIMIT_MS:
+            raise ValueError(f"playout delay needs 0 <= min <= max <= {PLAYOUT_DELAY_LIMIT_MS} ms")
+        if self.min_ms % PLAYOUT_DELAY_UNIT_MS or self.max_ms % PLAYOUT_DELAY_UNIT_MS:
+            raise ValueError(f"playout delay is in {PLAYOUT_DELAY_UNIT_MS} ms units")
+
+    def payload(self) -> bytes:
+        """The extension's 3 bytes: min and max, 12 bits each, in 10 ms units."""
+        lo, hi = self.min_ms // PLAYOUT_DELAY_UNIT_MS, self.max_ms // PLAYOUT_DELAY_UNIT_MS
+        return bytes(((lo >> 4) & 0xFF, ((lo & 0xF) << 4) | (hi >> 8), hi & 0xFF))
+
+    @classmethod
+    def parse(cls, payload: bytes) -> PlayoutDelay:
+        """The inverse of ``payload``."""
+        if len(payload) != 3:
+            raise ValueError("a playout-delay element is 3 bytes")
+        lo = (payload[0] << 4) | (payload[1] >> 4)
+        hi = ((payload[1] & 0xF) << 8) | payload[2]
+        return cls(lo * PLAYOUT_DELAY_UNIT_MS, hi * PLAYOUT_DELAY_UNIT_MS)
+
+
+class PlayoutDelayExtensions(HeaderExtensionsMap):
+    """aiortc's header-extension map that also writes the playout-delay element, when negotiated.
+
+    ``configure`` (aiortc calls it from ``RTCRtpSender.send`` with the negotiated parameters)
+    notes the extension's id; ``set`` (called for every packet the sender serializes, media and
+    retransmissions) appends the element after aiortc's own ones.  Every packet carries it
+    (4 bytes): libwebrtc reads the delay from a frame's first packet, and any packet may be lost.
+    """
+
+    delay: PlayoutDelay = PlayoutDelay()
+    playout_id: int | None = None
+    _payload: bytes = PlayoutDelay().payload()
+
+    def configure(self, parameters: RTCRtpParameters) -> None:
+        super().configure(parameters)
+        self.playout_id = next((e.id for e in parameters.headerExtensions if e.uri == PLAYOUT_DELAY_URI), None)
+
+    def set(self, values: HeaderExtensions) -> tuple[int, bytes]:
+        profile, value = super().set(values)
+        if self.playout_id is None:
+            return profile, value
+        elements = unpack_header_extensions(profile, value) if value else []
+        return pack_header_extensions([*elements, (self.playout_id, self._payload)])
+
+
+_SENDER_EXTENSIONS_MAP: Final = "_RTCRtpSender__rtp_header_extensions_map"  # aiortc 1.16's (name-mangled)
+
+
+def enable_playout_delay(transceiver: RTCRtpTransceiver, offer_sdp: str, delay: PlayoutDelay) -> bool:
+    """Answer the offer's playout-delay extension on ``transceiver`` and write ``delay`` on every packet.
+
+    Call after ``setRemoteDescription(offer)`` and before ``createAnswer``/``setLocalDescription``.
+    Returns False (nothing changed) when the offer's section for this transceiver does not offer
+    the extension, or when aiortc's internals are not as expected (logged: the stream works,
+    with the viewer's default buffering).
+    """
+    media = next(
+        (m for m in SessionDescription.parse(offer_sdp).media if m.kind == "video" and m.rtp.muxId == transceiver.mid),
+        None,
+    )
+    offered = next((e for e in media.rtp.headerExtensions if e.uri == PLAYOUT_DELAY_URI), None) if media else None
+    if offered is None:
+        return False
+    negotiated = getattr(transceiver, "_headerExtensions", None)
+    extensions_map = getattr(transceiver.sender, _SENDER_EXTENSIONS_MAP, None)
+    if not isinstance(negotiated, list) or type(extensions_map) not in (HeaderExtensionsMap, PlayoutDelayExtensions):
+        log.warning("aiortc's header-extension internals changed: playout delay not sent (viewer buffers as usual)")
+        return False
+    if all(e.uri != PLAYOUT_DELAY_URI for e in negotiated):
+        negotiated.append(RTCRtpHeaderExtensionParameters(id=offered.id, uri=PLAYOUT_DELAY_URI))
+    extensions_map.__class__ = PlayoutDelayExtensions
+    adopted = cast(PlayoutDelayExtensions, extensions_map)
+    adopted.delay, adopted._payload = delay, delay.payload()
+    return True
+
+
+# --- probe timing --------------------------------------------------------------------------
+
+
+class ProbeTimingSctp(RTCSctpTransport):
+    """``RTCSctpTransport`` that reports when each message of one stream (the probe channel) leaves."""
+
+    _timed_stream: int | None = None
+    _on_sent: Callable[[bytes], None] | None = None
+
+    @classmethod
+    def adopt(cls, sctp: RTCSctpTransport, stream_id: int, on_sent: Callable[[bytes], None]) -> bool:
+        """Report the first transmission of each DATA chunk on ``stream_id`` to ``on_sent(user_data)``.
+
+        False (nothing changed) for an SCTP transport of an unexpected type.
+        """
+        if type(sctp) is not RTCSctpTransport and not isinstance(sctp, cls):
+            return False
+        sctp.__class__ = cls
+        timed = cast(ProbeTimingSctp, sctp)
+        timed._timed_stream, timed._on_sent = stream_id, on_sent
+        return True
+
+    async def _send_chunk(self, chunk: Chunk) -> None:
+        on_sent = self._on_sent
+        if (
+            on_sent is not None
+            and isinstance(chunk, DataChunk)
+            and chunk.stream_id == self._timed_stream
+            and getattr(chunk, "_sent_count", 1) <= 1
+        ):
+            on_sent(chunk.user_data)
+        await super()._send_chunk(chunk)
+
+
 # --- RTCP feedback -----------------------------------------------------------------------
 
 
@@ -441,6 +599,8 @@ class PeerSettings:
 
     ice_servers: tuple[Mapping[str, Any], ...] = ()
     advertise_addresses: tuple[str, ...] = ()
+    # send the playout-delay extension (starting at min = max = 0) to viewers whose offer has it (Chromium's does)
+    playout_delay: bool = True
 
 
 class ViewerPeer:
@@ -472,10 +632,13 @@ class ViewerPeer:
         self._channel: RTCDataChannel | None = None
         self._probe_channel: RTCDataChannel | None = None
         self._probes = ProbeTracker()
+        self._loop_lateness = LoopLateness()
+        self._loop_watch: asyncio.Task[None] | None = None
         self._retransmits = RetransmitLimiter(target_bps)
         self._probe_task: asyncio.Task[None] | None = None
         self._close_task: asyncio.Future[None] | None = None
         self.codec: str | None = None  # codec name the answer selected
+        self.playout_delay = False  # the answer has the playout-delay extension: set_playout_delay works
         self.pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))
         self.pc.on("connectionstatechange", self._state_changed)
         self.pc.on("datachannel", self._datachannel)
@@ -496,6 +659,8 @@ class ViewerPeer:
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
         if transceiver.mid is None:
             raise OfferError("no_video", "the offer's video section did not match our sending transceiver")
+        if self._settings.playout_delay:
+            self.playout_delay = enable_playout_delay(transceiver, offer_sdp, PlayoutDelay())
         advertise_host_addresses(self.pc, self._settings.advertise_addresses)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         answer_sdp = str(self.pc.localDescription.sdp)
@@ -537,6 +702,15 @@ class ViewerPeer:
             self._retransmits.rtt_ms = rtt_now
         return RemoteFeedback(remb, report, rtt_ms, bytes_sent, self._feedback.keyframe_requests, packets_sent, probe)
 
+    def set_playout_delay(self, delay: PlayoutDelay) -> bool:
+        """Write ``delay`` on the packets from now on; False when this viewer gets no playout-delay extension."""
+        sender = self._sender
+        extensions_map = getattr(sender, _SENDER_EXTENSIONS_MAP, None) if self.playout_delay else None
+        if not isinstance(extensions_map, PlayoutDelayExtensions):
+            return False
+        extensions_map.delay, extensions_map._payload = delay, delay.payload()
+        return True
+
     def set_target(self, target_bps: int, duplicate_retransmissions: bool = False) -> None:
         """The video target in force: the retransmission budget is a share of it.
 
@@ -559,6 +733,8 @@ class ViewerPeer:
         if self._close_task is None:
             if self._probe_task is not None:
                 self._probe_task.cancel()
+            if self._loop_watch is not None:
+                self._loop_watch.cancel()
             if self._sender is not None:
                 self._sender.detach_feedback()
             self._router.release_all()
@@ -576,6 +752,7 @@ class ViewerPeer:
             channel.on("message", self._probe_answer)
             if self._probe_task is None and self._close_task is None:
                 self._probe_task = asyncio.ensure_future(self._send_probes(channel))
+                self._loop_watch = asyncio.ensure_future(self._watch_loop())
             return
         if channel.label != INPUT_CHANNEL_LABEL:
             log.info("ignoring data channel %r (only %r carries input)", channel.label, INPUT_CHANNEL_LABEL)
@@ -593,14 +770,37 @@ class ViewerPeer:
     def _probe_answer(self, raw: str | bytes) -> None:
         ack = parse_input(raw)
         if isinstance(ack, ProbeAck):
-            self._probes.answer(ack, _now_ms())
+            now_ms = _now_ms()
+            self._probes.answer(ack, now_ms, self._loop_lateness.late_ms(now_ms))
         else:
             log.debug("ignoring %r on the probe channel", raw[:80])
 
+    def _probe_left(self, user_data: bytes) -> None:
+        """A probe message went on the wire now (``ProbeTimingSctp``): its round trip starts here."""
+        try:
+            probe_id = json.loads(user_data)["id"]
+        except (ValueError, KeyError, TypeError):
+            return
+        if isinstance(probe_id, int):
+            self._probes.sent(probe_id, _now_ms())
+
+    async def _watch_loop(self) -> None:
+        """Tick every ``LOOP_TICK_MS`` and note how late each tick ran (the loop's lateness)."""
+        while True:
+            due_ms = _now_ms() + LOOP_TICK_MS
+            await asyncio.sleep(LOOP_TICK_MS / 1000.0)
+            self._loop_lateness.tick(due_ms, _now_ms())
+
     async def _send_probes(self, channel: RTCDataChannel) -> None:
         """A probe every ``PROBE_INTERVAL_MS`` while the probe channel is open (ends with it)."""
+        timed = False
         try:
             while channel.readyState in ("connecting", "open"):
+                if not timed and channel.readyState == "open" and channel.id is not None and self.pc.sctp is not None:
+                    timed = ProbeTimingSctp.adopt(self.pc.sctp, channel.id, self._probe_left)
+                    if not timed:
+                        log.warning("aiortc's SCTP transport changed: probe round trips start when queued")
+                        timed = True  # do not try again
                 if channel.readyState == "open":
                     channel.send(json.dumps(self._probes.probe(_now_ms()), separators=(",", ":")))
                 await asyncio.sleep(PROBE_INTERVAL_MS / 1000.0)

@@ -67,6 +67,7 @@ from encoder import (
 )
 from streamer.abr import bitrate as bitrate_policy
 from streamer.abr import ladder as ladder_policy
+from streamer.abr import playout as playout_policy
 from streamer.abr.bitrate import DESKTOP_PROFILE, GAME_PROFILE, BitrateProfile, Feedback
 from streamer.abr.control import (
     CODEC_PREFERENCES,
@@ -82,7 +83,16 @@ from streamer.desktop.capture import FrameSource, GameRendererUnavailable, open_
 from streamer.desktop.display import DisplayConfig, VirtualDisplay, app_env, gpu_render_env
 from streamer.desktop.game import Game
 from streamer.desktop.inputsink import GameSource, InputRouter, XInputSink, wall_clock_ms
-from streamer.media.peer import OfferError, PeerSettings, RemoteFeedback, ViewerPeer, parse_offer, rtc_configuration
+from streamer.media.peer import (
+    OfferError,
+    PeerSettings,
+    PlayoutDelay,
+    RemoteFeedback,
+    ViewerPeer,
+    parse_offer,
+    rtc_configuration,
+)
+from streamer.media.probe import PROBE_INTERVAL_MS, RecvWindow, SendLog
 from streamer.media.track import EncodedVideoTrack, FramePipeline
 
 log = logging.getLogger(__name__)
@@ -166,6 +176,11 @@ class RuntimeConfig:
     # overflow (ABR lab, 8 -> 2 Mbps: a second 0.8 s freeze followed the first).
     stall_keyframe_ms: int = 300
     stall_keyframe_interval_ms: int = 500
+    # The RTP playout-delay extension to viewers that offer it (streamer.media.peer): min = max = 0 = show
+    # each frame once decoded, no jitter-buffer wait (bench_glass 720p60: see docs/benchmarks.md); the
+    # maximum is relaxed while the viewer's jitter needs a buffer (streamer.abr.playout), and the viewer
+    # then raises its own floor (web/playout.js).  False: not sent (the viewer buffers as it likes).
+    playout_delay: bool = True
 
     def __post_init__(self) -> None:
         if self.capture_backend not in CAPTURE_BACKENDS:
@@ -222,12 +237,19 @@ def feedback_from_remote(
     send_rate_bps: int | None,
     packet_bytes: float | None = None,
     fraction_lost: int | None = None,
+    sent_log: SendLog | None = None,
+    probe_rtt_ms: float | None = None,
+    node_jitter_ms: float = 0.0,
 ) -> Feedback:
     """The bitrate policy's input from one poll of the viewer's feedback.
 
     ``packet_bytes``: the mean RTP payload per packet we sent lately; it turns the viewer's
     receive rate in packets (its probe answers) into bits per second.  ``fraction_lost``: the
-    loss over enough packets (``LossWindow``), used instead of the report's own.
+    loss over enough packets (``LossWindow``), used instead of the report's own.  ``sent_log``
+    (packets sent, media and retransmissions) and ``probe_rtt_ms`` (the latest probe round trip)
+    give what we sent over the viewer's receive window (``matched_send_bps``).  ``node_jitter_ms``:
+    the node's own share of the viewer's jitter (``EncodedVideoTrack.send_jitter_ms``), taken out of
+    the report's jitter (a delay signal in RTCP mode: encode times that vary are no queue).
     """
     report = remote.report
     recv_pps = remote.probe.recv_pps
@@ -236,12 +258,36 @@ def feedback_from_remote(
         remb_bps=remote.remb_bps,
         fraction_lost=fraction_lost,
         cumulative_lost=report.packets_lost if report is not None else None,
-        jitter_ms=bitrate_policy.jitter_ms_from_rtp(report.jitter) if report is not None else None,
+        jitter_ms=(
+            playout_policy.path_jitter_ms(bitrate_policy.jitter_ms_from_rtp(report.jitter), node_jitter_ms)
+            if report is not None
+            else None
+        ),
         rtt_ms=remote.rtt_ms,
         send_rate_bps=send_rate_bps,
         probe_rtt_ms=remote.probe.rtt_ms,
         recv_rate_bps=recv_bps,
+        sent_matched_bps=matched_send_bps(remote.probe.window, sent_log, packet_bytes, probe_rtt_ms),
     )
+
+
+def matched_send_bps(
+    window: RecvWindow | None, sent_log: SendLog | None, packet_bytes: float | None, probe_rtt_ms: float | None
+) -> int | None:
+    """What we sent over the span the viewer's receive rate covers (bits per second), or None.
+
+    The viewer counted its window's packets up to one round trip, and the wait for the next probe
+    (half a probe interval on average), before the answers carrying the counts arrived here; the
+    packets were sent over the same span that much earlier.
+    """
+    if window is None or sent_log is None or not packet_bytes or probe_rtt_ms is None:
+        return None
+    span_ms = window.last_arrived_ms - window.first_arrived_ms
+    if span_ms <= 0:
+        return None
+    lag_ms = probe_rtt_ms + PROBE_INTERVAL_MS / 2
+    packets = sent_log.between(window.first_arrived_ms - lag_ms, window.last_arrived_ms - lag_ms)
+    return None if packets is None else round(packets * 1000 / span_ms * packet_bytes * 8)
 
 
 # --- the runtime -------------------------------------------------------------------------
@@ -299,6 +345,7 @@ class SessionRuntime:
         self._keyframe_requests = 0
         self._stall_keyframes = 0
         self._stall_keyframe_s: float | None = None  # monotonic seconds of the last one
+        self._playout: playout_policy.PlayoutDecision | None = None  # the current viewer's, once decided
         # Telemetry of every control step (all viewers of the session): the newest records and
         # a count per bitrate reason since the session started.
         self._decisions: deque[dict[str, Any]] = deque(maxlen=DECISION_LOG_SIZE)
@@ -424,7 +471,14 @@ class SessionRuntime:
             # round trip, and the rate it receives video at
             "probe_rtt_ms": round2(step.bitrate.signals.probe_rtt_ms) if step else None,
             "recv_rate_bps": step.bitrate.signals.recv_rate_bps if step else None,
+            # the frame thread's wall time per frame over the frame interval (1+: frames start late);
+            # the ladder's CPU input, never the bitrate's
+            "frame_load": round2(step.frame_load) if step else None,
             "encoder_reasons": list(self._selection_reasons),
+            # the RTP playout-delay range the viewer's packets carry ([min, max] ms; None: not sent)
+            "playout_delay_ms": self._playout_range(),
+            # RFC 3550 jitter (ms) of render-to-send times: the node's share of the viewer's jitter
+            "send_jitter_ms": round(self._send_jitter_ms(), 2),
             # newest control steps, oldest first: ControlStep.record() (target, reasons, rung, signals)
             "decisions": list(self._decisions),
             "decision_counts": dict(self._decision_counts),  # control steps per bitrate reason
@@ -594,7 +648,8 @@ class SessionRuntime:
         self._selection_reasons = selection.reasons
         track = EncodedVideoTrack()
         peer = ViewerPeer(
-            PeerSettings(ice_servers=self.spec.ice_servers, advertise_addresses=self.config.advertise_addresses),
+            PeerSettings(ice_servers=self.spec.ice_servers, advertise_addresses=self.config.advertise_addresses,
+                         playout_delay=self.config.playout_delay),
             track,
             self._router,
             target_bps=self._profile.start_bps,
@@ -610,6 +665,7 @@ class SessionRuntime:
             code = exc.code if isinstance(exc, OfferError) else "bad_offer"
             return [_error(code, str(exc) or type(exc).__name__)]
         self._peer, self._track, self._controller = peer, track, controller
+        self._playout = None
         self._pipeline.attach(track)
         self._control_task = self._spawn(self._control_loop(peer, controller))
         log.info("session %s: answered a viewer with %s (%s)", self.spec.id, peer.codec, selection.backend.name)
@@ -708,6 +764,9 @@ class SessionRuntime:
         # (time, bytes sent, packets sent, packets retransmitted) over the window
         sent: deque[tuple[float, int, int, int]] = deque([(time.monotonic(), 0, 0, peer.retransmits.sent)])
         loss = LossWindow()
+        sent_log = SendLog()  # packets sent (media + retransmissions), for the viewer's receive window
+        probe_rtt: float | None = None
+        playout = playout_policy.PlayoutState()
         tick = 0
         while True:
             await asyncio.sleep(interval_s)
@@ -729,18 +788,44 @@ class SessionRuntime:
                 self._retransmit_bps = round(rtx_bytes * 8 / (now - t0)) if now > t0 else 0
                 sent.append((now, remote.bytes_sent, remote.packets_sent, retransmitted))
                 now_ms = int(now * 1000)
+                sent_log.add(now * 1000, remote.packets_sent + retransmitted)
+                if remote.probe.rtt_ms is not None:
+                    probe_rtt = remote.probe.rtt_ms
                 lost = loss.fraction_lost(remote.report)
-                step = controller.update(feedback_from_remote(remote, send_rate, packet_bytes, lost), now_ms)
+                feedback = feedback_from_remote(
+                    remote, send_rate, packet_bytes, lost, sent_log, probe_rtt, self._send_jitter_ms()
+                )
+                frame_load = self._pipeline.load if self._pipeline is not None else None
+                step = controller.update(feedback, now_ms, frame_load or None)
                 self._decisions.append(step.record(now_ms))
                 self._decision_counts[step.bitrate.reason.value] += 1
                 self._note_feedback(remote, send_rate, lost)
                 self._repair_stall(remote.probe.stalled_ms, now)
+                playout = self._steer_playout(peer, playout, remote, now_ms)
                 await self._apply(step)
                 tick += 1
                 if tick % client_every == 0:
                     peer.send_event(self._client_stats())
             except Exception:  # task boundary: one bad period must not end control
                 log.exception("session %s: control step failed", self.spec.id)
+
+    def _steer_playout(
+        self, peer: ViewerPeer, state: playout_policy.PlayoutState, remote: RemoteFeedback, now_ms: int
+    ) -> playout_policy.PlayoutState:
+        """The path's share of the viewer's jitter (receiver reports) -> the playout-delay range its packets carry."""
+        if not peer.playout_delay:
+            return state
+        jitter = None
+        if remote.report is not None:
+            viewer_ms = bitrate_policy.jitter_ms_from_rtp(remote.report.jitter)
+            jitter = playout_policy.path_jitter_ms(viewer_ms, self._send_jitter_ms())
+        decision = playout_policy.decide(state, jitter, now_ms)
+        self._playout = decision
+        if decision.changed:
+            log.info("session %s: playout delay %d-%d ms (%s, jitter %.1f ms)", self.spec.id, decision.min_ms,
+                     decision.max_ms, decision.reason.value, decision.peak_jitter_ms or 0.0)
+            peer.set_playout_delay(PlayoutDelay(decision.min_ms, decision.max_ms))
+        return decision.state
 
     async def _apply(self, step: ControlStep) -> None:
         if self._peer is not None:
@@ -776,6 +861,16 @@ class SessionRuntime:
         if fraction_lost is not None:
             self._remote["loss"] = round(fraction_lost / bitrate_policy.FRACTION_LOST_SCALE, 4)
 
+    def _send_jitter_ms(self) -> float:
+        """The node's own share of the viewer's jitter (``EncodedVideoTrack.send_jitter_ms``)."""
+        return self._track.send_jitter_ms if self._track is not None else 0.0
+
+    def _playout_range(self) -> list[int] | None:
+        if self._peer is None or not self._peer.playout_delay:
+            return None
+        d = self._playout
+        return [d.min_ms, d.max_ms] if d is not None else [0, 0]
+
     def _client_stats(self) -> dict[str, Any]:
         s = self.stats()
         keys = (
@@ -790,6 +885,7 @@ class SessionRuntime:
             "codec",
             "width",
             "height",
+            "send_jitter_ms",
         )
         return {"t": NodeEventType.STATS.value, **{k: s[k] for k in keys}, "encode_ms": s["encode_ms"]}
 

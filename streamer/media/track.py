@@ -63,6 +63,12 @@ MAX_CONSECUTIVE_FAILURES: Final = 30  # grab/encode failures in a row before the
 MIN_FPS: Final = 1
 JOIN_TIMEOUT_S: Final = 10.0  # close() waits this long for a frame in progress
 MAX_FPS: Final = 240
+LOAD_GAIN: Final = 1 / 8  # the frame load's moving average (PipelineStats.load): about 8 frames
+RTP_CLOCK_PER_MS: Final = 90  # packet pts: the render clock (ms since the epoch) in 90 kHz units
+
+
+# RFC 3550's jitter gain: the send jitter below is the viewer's interarrival jitter's node-side share.
+SEND_JITTER_GAIN: Final = 1 / 16
 
 
 class EncodedVideoTrack(MediaStreamTrack):
@@ -71,12 +77,19 @@ class EncodedVideoTrack(MediaStreamTrack):
     Create it on the event loop.  The frame thread calls ``wants_frame`` and
     ``put``; aiortc's sender calls ``recv``.  ``stop()`` (aiortc calls it when
     the sender stops) makes ``recv`` raise ``MediaStreamError``.
+
+    ``send_jitter_ms``: RFC 3550 jitter (a mean deviation, ms) of each frame's time from its
+    render stamp (pts: the render clock, ms since the epoch x 90) to the moment aiortc takes it
+    to packetize and send -- the part of the viewer's interarrival jitter that the node itself
+    causes (encode time varies, the loop or the CPU is late), per frame as libwebrtc counts it.
     """
 
     kind = "video"
 
-    def __init__(self, max_queued: int = MAX_QUEUED_FRAMES) -> None:
+    def __init__(self, max_queued: int = MAX_QUEUED_FRAMES, wall_ms: Callable[[], float] | None = None) -> None:
+        """``wall_ms``: the wall clock in ms (the render stamps' clock); tests pass a fake one."""
         super().__init__()
+        self._wall_ms = wall_ms or _wall_ms
         self._owner_loop = asyncio.get_running_loop()  # not _loop: pyee's emitter owns that name
         self._max_queued = max_queued
         self._lock = threading.Lock()  # guards _queue
@@ -84,6 +97,8 @@ class EncodedVideoTrack(MediaStreamTrack):
         self._ready = asyncio.Event()
         self._pulling = False  # set by the first recv(): the sender runs
         self.delivered = 0  # packets handed to the sender
+        self.send_jitter_ms = 0.0
+        self._last_transit_ms: float | None = None
 
     def wants_frame(self) -> bool:
         """True when the sender is pulling and fewer than ``max_queued`` packets wait (any thread)."""
@@ -107,9 +122,11 @@ class EncodedVideoTrack(MediaStreamTrack):
             if self.readyState != "live":
                 raise MediaStreamError
             with self._lock:
-                if self._queue:
-                    self.delivered += 1
-                    return self._queue.popleft()
+                packet = self._queue.popleft() if self._queue else None
+            if packet is not None:
+                self.delivered += 1
+                self._note_send(packet)
+                return packet
             self._ready.clear()
             with self._lock:  # re-check: a put between the check and clear() has scheduled a set()
                 if self._queue:
@@ -119,6 +136,15 @@ class EncodedVideoTrack(MediaStreamTrack):
     def stop(self) -> None:
         super().stop()
         self._ready.set()  # wake a pending recv() so it raises
+
+    def _note_send(self, packet: av.Packet[Any]) -> None:
+        if packet.pts is None:
+            return
+        transit_ms = self._wall_ms() - packet.pts / RTP_CLOCK_PER_MS
+        if self._last_transit_ms is not None:
+            change = abs(transit_ms - self._last_transit_ms)
+            self.send_jitter_ms += (change - self.send_jitter_ms) * SEND_JITTER_GAIN
+        self._last_transit_ms = transit_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +162,9 @@ class PipelineStats:
     encoder: str  # backend name of the encoder in use
     width: int  # encoded size
     height: int
+    # wall time per frame (grab or render + conversion + encode) over the frame interval, a moving
+    # average over about LOAD_GAIN^-1 frames; 1 or more: frames start late (0: none made yet)
+    load: float = 0.0
 
 
 def merge_frame_packets(packets: list[av.Packet[Any]]) -> av.Packet[Any] | None:
@@ -193,6 +222,7 @@ class FramePipeline:
         self._failures = 0
         self._grab_ms = 0.0
         self._encode_ms = 0.0
+        self._load = 0.0
         self._delivered_at: deque[float] = deque(maxlen=MAX_FPS * int(FPS_WINDOW_S))
         # Start of the current track's measurement: its first frame minus one interval (monotonic s).
         self._measure_since = 0.0
@@ -213,6 +243,11 @@ class FramePipeline:
     def fps(self) -> int:
         with self._lock:
             return self._pending_fps or self._fps
+
+    @property
+    def load(self) -> float:
+        """``PipelineStats.load`` alone (cheap: the control loop reads it every period)."""
+        return self._load
 
     def start(self) -> None:
         if self._started:
@@ -274,6 +309,7 @@ class FramePipeline:
             encoder=encoder.backend.name,
             width=encoder.config.width,
             height=encoder.config.height,
+            load=self._load,
         )
 
     def close(self) -> None:
@@ -338,7 +374,7 @@ class FramePipeline:
                 self._measure_since = time.monotonic() - period_s
                 last_sink = sink
             try:
-                self._produce(sink)
+                self._produce(sink, period_s)
                 consecutive_failures = 0
             except Exception as exc:  # capture or codec error on one frame: retry, give up later
                 self._failures += 1
@@ -350,7 +386,7 @@ class FramePipeline:
                     self._fail(exc)
                     return
 
-    def _produce(self, sink: EncodedVideoTrack) -> None:
+    def _produce(self, sink: EncodedVideoTrack, period_s: float) -> None:
         t0 = time.perf_counter()
         frame = self._source.grab()
         t1 = time.perf_counter()
@@ -358,6 +394,7 @@ class FramePipeline:
         t2 = time.perf_counter()
         self._grab_ms = (t1 - t0) * 1000.0
         self._encode_ms = (t2 - t1) * 1000.0
+        self._load += ((t2 - t0) / period_s - self._load) * LOAD_GAIN
         if packet is None:
             return  # the encoder invariant says this does not happen; nothing to send
         sink.put(packet)
@@ -370,6 +407,10 @@ class FramePipeline:
                 self._on_failure(exc)
             except Exception:
                 log.exception("%s: on_failure callback failed", self._thread.name)
+
+
+def _wall_ms() -> float:
+    return time.time() * 1000.0
 
 
 def _check_fps(fps: int) -> int:

@@ -46,16 +46,22 @@ def test_bench_glass_quick(capsys: pytest.CaptureFixture[str]) -> None:
         pytest.skip(f"the render-node agent is not importable: {exc}")
 
     bench = _load_bench()
-    result = bench.run(["--quick", "--window-s", "3"])
+    results = bench.run(["--quick", "--window-s", "3"])  # both buffering modes, one window each
     out = capsys.readouterr().out
 
-    assert result.count > 0, out
-    p50, p95 = result.pct(50), result.pct(95)
-    assert 0 < p50 <= p95 < SANITY_MS, (p50, p95, out)
-    assert min(result.glass_ms) > 0, out  # a frame is never shown before it was rendered (one clock)
-    assert result.decoded_fps > 0 and result.width > 0 and result.height > 0, out
-    assert result.codec in ("H264", "VP8"), out
-    assert f"{result.count} samples" in out and "p95" in out
+    assert sorted(r.playout for r in results) == ["browser", "low"], out
+    for result in results:
+        assert result.count > 0, out
+        p50, p95 = result.pct(50), result.pct(95)
+        assert 0 < p50 <= p95 < SANITY_MS, (p50, p95, out)
+        assert min(result.glass_ms) > 0, out  # a frame is never shown before it was rendered (one clock)
+        assert result.decoded_fps > 0 and result.width > 0 and result.height > 0, out
+        assert result.codec in ("H264", "VP8"), out
+        assert f"{result.count} samples" in out and "p95" in out
+        # low: the node's playout-delay extension is in the answer and the page set a floor; browser: neither
+        assert result.playout_negotiated is (result.playout == "low"), out
+        assert (result.buffer_floor_ms is not None) is (result.playout == "low"), out
+    assert "side by side" in out
 
 
 def test_frame_shift_pairs_samples_by_rtp_time() -> None:

@@ -175,6 +175,16 @@ async def test_game_stream_glass_to_glass_and_keys_move_player(broker: Proc, htt
                                      timeout=10_000)
         stats = await page.evaluate("window.renderBroker.stats()")
         assert 0 < stats["glassToGlassMs"] < 1000, stats
+        # receive-side buffering (web/playout.js): the node answered the playout-delay extension and the
+        # page's floor policy owns the receiver's jitterBufferTarget (0 unless this machine's load made
+        # the jitter over 20 ms: it is the same machine as the node)
+        playout = await page.evaluate("""async () => { const pc = window.renderBroker.pc;
+          const r = pc.getReceivers().find((x) => x.track.kind === 'video');
+          const s = await window.renderBroker.stats();
+          return [pc.remoteDescription.sdp.includes('rtp-hdrext/playout-delay'), r.jitterBufferTarget,
+                  s.playoutMode, s.playoutTargetMs]; }""")
+        negotiated, floor, mode, target = playout
+        assert negotiated and mode == "low" and floor == target and 0 <= floor <= 250, playout
         await page.keyboard.press("F8")
         await page.locator("#stats", has_text="Glass to glass").wait_for()
 

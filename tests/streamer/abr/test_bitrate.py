@@ -526,6 +526,22 @@ def test_the_viewer_receiving_less_than_we_send_cuts_to_what_it_receives(
     assert [(str(d.reason), d.target_bps) for d in decisions] == expected
 
 
+def test_the_shortfall_compares_with_what_was_sent_over_the_viewers_own_window() -> None:
+    # A loaded node's encoder slows down: over the viewer's window it sent 720 kbps, which the viewer
+    # got in full, while the send rate (a longer, later average) still says 1 Mbps.  Matched, that is
+    # no shortfall (the ramp goes on, capped at 120 % of the viewer's 700 kbps: the target holds);
+    # against the send rate it was two samples under 80 % and a cut to 665 kbps.
+    slow = [(400, fast(recv=700_000, sent_matched_bps=720_000)), (600, fast(recv=700_000, sent_matched_bps=720_000))]
+    decisions = run([(0, fast()), (200, fast()), *slow])[2:]
+    assert [(str(d.reason), d.target_bps) for d in decisions] == [("hold", 1_084_471), ("hold", 1_084_471)]
+    assert decisions[-1].signals.sent_matched_bps == 720_000
+    unmatched = run([(0, fast()), (200, fast()), (400, fast(recv=700_000)), (600, fast(recv=700_000))])[2:]
+    assert [(str(d.reason), d.target_bps) for d in unmatched] == [("hold", 1_084_471), ("recv_shortfall", 665_000)]
+    # what was sent over the window did not arrive: the path's shortfall, cut as before
+    lost = [(400, fast(recv=700_000, sent_matched_bps=1_000_000)), (600, fast(recv=700_000, sent_matched_bps=990_000))]
+    assert str(run([(0, fast()), (200, fast()), *lost])[-1].reason) == "recv_shortfall"
+
+
 def test_after_a_shortfall_cut_only_a_further_shortfall_cuts_again() -> None:
     # The send rate is a window's average and stays high after the cut; the reference is the
     # lower of it and the target, so a viewer receiving what the new target sends is fine.

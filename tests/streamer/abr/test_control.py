@@ -137,6 +137,8 @@ def test_control_step_record_carries_target_reasons_rung_and_signals() -> None:
         "probe_rtt_baseline_ms": None,
         "probe_threshold_ms": None,
         "recv_rate_bps": None,
+        "sent_matched_bps": None,
+        "frame_load": None,
     }
 
 

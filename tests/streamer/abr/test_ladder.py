@@ -256,3 +256,63 @@ def test_app_limited_never_blocks_a_step_up() -> None:
     steps = [(t, UP_TO_1080P, True) for t in range(0, 3_001, 500)]
     decisions = run_flags(at(GAME, 1), steps)
     assert decisions[-1].reason == "step_up" and decisions[-1].rung.height == 1080
+
+
+# --- CPU: the node's frame load ---------------------------------------------------------------
+
+
+def run_load(state: LadderState, steps: list[tuple[int, int, float | None]]) -> list[LadderDecision]:
+    """Feed (now_ms, target_bps, frame_load) steps in order; return every decision."""
+    decisions = []
+    for now_ms, target_bps, load in steps:
+        decision = decide(state, target_bps, now_ms, frame_load=load)
+        decisions.append(decision)
+        state = decision.state
+    return decisions
+
+
+def test_an_overloaded_frame_thread_steps_down_one_rung_after_two_seconds_whatever_the_target() -> None:
+    # 720p60 with a target that fits 1080p60 (no bitrate reason to move): load 0.95 for 2 s -> 540p,
+    # one rung, not two; a sample under the threshold restarts the timer; still overloaded at 540p, a
+    # further step needs 2 s more of it.
+    steps = [(0, 5_000_000, 0.95), (1_000, 5_000_000, 0.8), (1_100, 5_000_000, 0.95), (3_099, 5_000_000, 1.4),
+             (3_100, 5_000_000, 1.4), (3_200, 5_000_000, 1.4)]
+    decisions = run_load(at(GAME, 1), steps)
+    assert [str(d.reason) for d in decisions] == [
+        "cpu_step_down_pending", "hold", "cpu_step_down_pending", "cpu_step_down_pending", "cpu_step_down",
+        "cpu_step_down_pending",
+    ]
+    assert heights(decisions) == [720, 720, 720, 720, 540, 540]
+
+
+def test_an_overload_that_goes_on_after_a_cpu_step_needs_ten_seconds_for_the_next() -> None:
+    steps = [(0, 5_000_000, 1.5), (2_000, 5_000_000, 1.5)]  # 720p -> 540p
+    steps += [(2_100, 5_000_000, 1.5), (11_999, 5_000_000, 1.5), (12_100, 5_000_000, 1.5)]
+    decisions = run_load(at(GAME, 1), steps)
+    assert [str(d.reason) for d in decisions] == [
+        "cpu_step_down_pending", "cpu_step_down", "cpu_step_down_pending", "cpu_step_down_pending", "cpu_step_down",
+    ]
+    assert heights(decisions) == [720, 540, 540, 540, 360]
+    # an overload that starts later than 2 s after the step is a new one: 2 s again
+    later = run_load(decisions[1].state, [(4_200, 5_000_000, 0.5), (4_300, 5_000_000, 1.5), (6_300, 5_000_000, 1.5)])
+    assert heights(later) == [540, 540, 360]
+
+
+def test_a_step_up_waits_until_the_better_rungs_projected_load_fits() -> None:
+    # 540p60 with a target over 130 % of 720p60's floor: 720p has 1280*720 / (960*540) = 1.78x the pixels.
+    up = 2_764_800 * 130 // 100
+    state = at(GAME, 2)
+    held = run_load(state, [(0, up, 0.43), (3_000, up, 0.43)])  # 0.43 x 1.78 = 0.764: over 0.75
+    assert [str(d.reason) for d in held] == ["cpu_limited", "cpu_limited"] and heights(held) == [540, 540]
+    climbs = run_load(state, [(0, up, 0.42), (3_000, up, 0.42)])  # 0.747: it fits
+    assert [str(d.reason) for d in climbs] == ["step_up_pending", "step_up"] and heights(climbs) == [540, 720]
+    unknown = run_load(state, [(0, up, None), (3_000, up, None)])  # no load known: the bitrate decides alone
+    assert heights(unknown) == [540, 720]
+
+
+def test_the_lowest_rung_has_nowhere_to_go_and_a_bitrate_step_down_comes_first() -> None:
+    lowest = run_load(at(GAME, 3), [(0, 1_000_000, 2.0), (5_000, 1_000_000, 2.0)])
+    assert [str(d.reason) for d in lowest] == ["hold", "hold"]
+    # under the floor and overloaded: the bitrate's step down (to the rung the target meets) wins
+    both = run_load(at(GAME, 0), [(0, 2_000_000, 1.2), (1_000, 2_000_000, 1.2)])
+    assert [str(d.reason) for d in both] == ["step_down_pending", "step_down"] and heights(both) == [1080, 540]

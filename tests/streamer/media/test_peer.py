@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, VideoStreamTrack
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription, VideoStreamTrack
 from aiortc.rtp import (
     RTCP_PSFB_APP,
     RTCP_PSFB_FIR,
@@ -18,17 +18,21 @@ from aiortc.rtp import (
     RtpPacket,
     is_rtcp,
     pack_remb_fci,
+    unpack_header_extensions,
 )
 
 from broker.protocol import INPUT_CHANNEL_LABEL
 from streamer.media.peer import (
+    PLAYOUT_DELAY_URI,
     AdvertisingConnection,
     FeedbackSender,
     OfferError,
+    PlayoutDelay,
     advertise_host_addresses,
     answered_video_codec,
     candidate_from_signal,
     codec_preferences,
+    enable_playout_delay,
     parse_offer,
     rtc_configuration,
 )
@@ -293,6 +297,81 @@ async def test_a_nacked_packet_crosses_the_wire_twice_while_retransmissions_are_
         await asyncio.wait_for(all_arrived.wait(), 10)
         assert rtx.count(nacked) == copies
         assert limiter.counters.duplicated == len(sent) - len(set(sent))
+    finally:
+        await viewer.close()
+        await node.close()
+
+
+def test_playout_delay_payload_is_12_bit_min_and_max_in_10_ms_units() -> None:
+    assert PlayoutDelay().payload() == b"\x00\x00\x00"
+    assert PlayoutDelay(100, 400).payload() == bytes((0x00, 0xA0, 0x28))  # 10 and 40 units
+    assert PlayoutDelay(40_950, 40_950).payload() == b"\xff\xff\xff"
+    assert PlayoutDelay.parse(bytes((0x00, 0xA0, 0x28))) == PlayoutDelay(100, 400)
+    for lo, hi in ((10, 0), (-10, 0), (0, 40_960), (5, 10)):
+        with pytest.raises(ValueError):
+            PlayoutDelay(lo, hi)
+
+
+def with_playout_delay(offer_sdp: str, ext_id: int) -> str:
+    """An aiortc offer as Chromium's would read: the playout-delay extension offered on the video section."""
+    lines = offer_sdp.split("\r\n")
+    video = next(i for i, line in enumerate(lines) if line.startswith("m=video"))
+    last_extmap = max(i for i, line in enumerate(lines) if line.startswith("a=extmap:") and i > video)
+    lines.insert(last_extmap + 1, f"a=extmap:{ext_id} {PLAYOUT_DELAY_URI}")
+    return "\r\n".join(lines)
+
+
+def rtp_extensions(data: bytes) -> dict[int, bytes]:
+    """The header extension elements of a serialized RTP packet, by id."""
+    if not data[0] & 0x10:
+        return {}
+    pos = 12 + 4 * (data[0] & 0x0F)
+    profile, words = int.from_bytes(data[pos : pos + 2], "big"), int.from_bytes(data[pos + 2 : pos + 4], "big")
+    return dict(unpack_header_extensions(profile, data[pos + 4 : pos + 4 + 4 * words]))
+
+
+@pytest.mark.parametrize("offered", [True, False])
+async def test_the_answer_carries_playout_delay_on_every_packet_when_the_viewer_offers_it(offered: bool) -> None:
+    # Two aiortc peers on loopback; the node's copy of the offer names the extension (id 5, as
+    # Chromium numbers it).  The node answers it and every RTP packet it sends carries min = max = 0,
+    # next to aiortc's own mid and abs-send-time; a viewer that did not offer it gets neither.
+    node = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    viewer = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    try:
+        viewer.addTransceiver("video", direction="recvonly")
+        offer = await viewer.createOffer()
+        advertise_host_addresses(viewer, ["127.0.0.1"])
+        await viewer.setLocalDescription(offer)
+        offer_sdp = with_playout_delay(viewer.localDescription.sdp, 5) if offered else viewer.localDescription.sdp
+        transceiver = node.addTransceiver(VideoStreamTrack(), direction="sendonly")
+        await node.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+        assert enable_playout_delay(transceiver, offer_sdp, PlayoutDelay()) is offered
+        answer = await node.createAnswer()
+        advertise_host_addresses(node, ["127.0.0.1"])
+        await node.setLocalDescription(answer)
+        assert (f"a=extmap:5 {PLAYOUT_DELAY_URI}" in node.localDescription.sdp) is offered
+
+        sender = transceiver.sender
+        sent: list[dict[int, bytes]] = []
+        enough = asyncio.Event()
+        send_rtp = sender.transport._send_rtp
+
+        async def spy(data: bytes) -> None:
+            if not is_rtcp(data) and RtpPacket.parse(data).ssrc == sender._ssrc:
+                sent.append(rtp_extensions(data))
+                if len(sent) >= 10:
+                    enough.set()
+            await send_rtp(data)
+
+        sender.transport._send_rtp = spy  # type: ignore[method-assign]
+        await viewer.setRemoteDescription(node.localDescription)
+        await asyncio.wait_for(enough.wait(), 20)
+        mid_id = next(e.id for e in transceiver._headerExtensions if e.uri.endswith("sdes:mid"))
+        assert all(e[mid_id] == transceiver.mid.encode() for e in sent)  # aiortc's own elements are kept
+        if offered:
+            assert all(e.get(5) == b"\x00\x00\x00" for e in sent), sent[:3]
+        else:
+            assert all(5 not in e for e in sent)
     finally:
         await viewer.close()
         await node.close()

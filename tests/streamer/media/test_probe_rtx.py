@@ -6,7 +6,16 @@ import pytest
 from aiortc.rtp import RtcpReceiverInfo
 
 from streamer.desktop.inputs import ProbeAck
-from streamer.media.probe import PROBE_FORGET_MS, STALL_MIN_PACKETS, ProbeSample, ProbeTracker
+from streamer.media.probe import (
+    LOOP_SLACK_MS,
+    PROBE_FORGET_MS,
+    STALL_MIN_PACKETS,
+    LoopLateness,
+    ProbeSample,
+    ProbeTracker,
+    RecvWindow,
+    SendLog,
+)
 from streamer.media.rtx import (
     MIN_RETRANSMIT_INTERVAL_MS,
     RTX_BUDGET_PERCENT,
@@ -14,7 +23,7 @@ from streamer.media.rtx import (
     RTX_PACKET_BITS,
     RetransmitLimiter,
 )
-from streamer.media.session import LossWindow, media_bps
+from streamer.media.session import LossWindow, matched_send_bps, media_bps
 
 # --- ProbeTracker ------------------------------------------------------------------------
 
@@ -30,6 +39,56 @@ def test_probes_are_numbered_and_the_period_reports_the_lowest_round_trip() -> N
     sample = tracker.take(210.0)
     assert sample.rtt_ms == 40.0 and sample.answered == 3
     assert tracker.take(400.0).rtt_ms is None  # a new period: nothing answered in it
+
+
+def test_the_round_trip_runs_from_when_the_probe_left_and_leaves_the_loops_lateness_out() -> None:
+    # probe 1 made at 0 but queued until 30 (a busy loop); its answer handled at 95 by a loop 40 ms late:
+    # the path's round trip is 95 - 40 - 30 = 25 ms.  Probe 2 left when made (no ``sent``): 20 ms.
+    tracker = ProbeTracker()
+    tracker.probe(0.0)
+    tracker.sent(1, 30.0)
+    tracker.sent(99, 31.0)  # not a probe of ours: ignored
+    tracker.probe(50.0)
+    assert tracker.answer(ProbeAck(1, 10, 1_000.0), 95.0, late_ms=40.0)
+    assert tracker.answer(ProbeAck(2, 20, 1_050.0), 70.0)
+    assert tracker.take(100.0).rtt_ms == 20.0
+    tracker.probe(200.0)  # a lateness larger than the round trip is never a negative one
+    assert tracker.answer(ProbeAck(3, 30, 1_200.0), 205.0, late_ms=50.0)
+    assert tracker.take(210.0).rtt_ms == 0.0
+
+
+def test_loop_lateness_is_the_latest_ticks_delay_beyond_the_timers_slack() -> None:
+    lateness = LoopLateness()
+    assert lateness.late_ms(0.0) == 0.0
+    lateness.tick(10.0, 11.0)  # within the slack
+    lateness.tick(20.0, 62.0 + LOOP_SLACK_MS)  # 42 ms late beyond it
+    lateness.tick(70.0, 70.5)
+    assert lateness.late_ms(70.5) == 42.0 + 0.0  # the 62 ms tick is within the 20 ms window
+    assert lateness.late_ms(90.0) == 0.0  # it left the window: only the 70.5 one is in it
+
+
+def test_send_log_interpolates_packets_sent_between_two_times() -> None:
+    log = SendLog(keep_ms=1_000.0)
+    for t, n in ((0.0, 0), (100.0, 50), (200.0, 50), (300.0, 150)):
+        log.add(t, n)
+    assert log.at(50.0) == 25.0 and log.at(250.0) == 100.0 and log.between(50.0, 250.0) == 75.0
+    assert log.between(-1.0, 100.0) is None and log.between(0.0, 301.0) is None  # not covered
+    log.add(250.0, 200)  # time going back is ignored
+    log.add(400.0, 10)  # a count going back: a new stream, the log starts over
+    assert log.at(300.0) is None and log.at(400.0) == 10.0
+
+
+def test_matched_send_rate_is_what_left_one_round_trip_before_the_windows_answers() -> None:
+    # the viewer counted its window's packets over answers that arrived at 1_000 and 1_300 (node ms);
+    # round trip 40 ms + half a probe interval: the packets left over [947.5, 1_247.5]
+    log = SendLog()
+    for t in range(0, 1_400, 100):
+        log.add(float(t), t // 10)  # 10 packets every 100 ms
+    window = RecvWindow(packets=28, span_ms=290.0, first_arrived_ms=1_000.0, last_arrived_ms=1_300.0)
+    # 30 packets over 300 ms of the node's clock, 1_000 bytes each: 800 kbps
+    assert matched_send_bps(window, log, 1_000.0, 40.0) == 800_000
+    assert matched_send_bps(window, log, 1_000.0, None) is None  # no round trip known yet
+    assert matched_send_bps(None, log, 1_000.0, 40.0) is None
 
 
 def test_unknown_repeated_and_forgotten_answers_do_not_count() -> None:
@@ -68,7 +127,8 @@ def test_receive_rate_needs_150_ms_and_restarts_when_the_count_goes_back() -> No
     tracker.answer(ProbeAck(3, 10, 200.0), 3.0)  # a new stream: the count starts over
     tracker.probe(4.0)
     tracker.answer(ProbeAck(4, 40, 400.0), 4.0)
-    assert tracker.take(5.0) == ProbeSample(0.0, 2, 150.0)  # 30 packets in 200 ms; no mix with 520
+    # 30 packets in 200 ms; no mix with 520
+    assert tracker.take(5.0) == ProbeSample(0.0, 2, 150.0, window=RecvWindow(30, 200.0, 3.0, 4.0))
 
 
 def answer(tracker: ProbeTracker, rx: int, rx_ms: float, fd: int | None, now_ms: float) -> None:

@@ -205,3 +205,18 @@ def test_merge_frame_packets() -> None:
 def test_fps_bounds() -> None:
     with pytest.raises(ValueError):
         FramePipeline(PatternSource(), x264(), 0, name="x")
+
+
+async def test_send_jitter_is_rfc3550_over_render_to_send_times() -> None:
+    # a fake wall clock: each packet leaves recv() at the time listed; pts = render time (ms) x 90
+    leave = iter([1_000.0, 1_030.0, 1_050.0, 1_066.0])
+    track = EncodedVideoTrack(max_queued=4, wall_ms=lambda: next(leave))
+    track._pulling = True
+    for render_ms in (990, 1_000, 1_040, 1_056):  # transits 10, 30, 10, 10 ms
+        packet = av.Packet(b"\x00")
+        packet.pts = render_ms * 90
+        track.put(packet)
+    assert len(await receive(track, 4)) == 4
+    # |D| = 20, 20, 0: J = 20/16 = 1.25; + (20 - 1.25)/16 = 2.421875; + (0 - 2.421875)/16
+    assert track.send_jitter_ms == 2.421875 - 2.421875 / 16
+    track.stop()
