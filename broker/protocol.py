@@ -19,6 +19,11 @@ from enum import StrEnum
 from typing import Final
 
 API_PREFIX: Final = "/api/v1"
+# Version of the client protocol that docs/protocol.md describes (REST steps, events, signaling,
+# data channels).  Raised by one for every change a client can observe, compatible additions
+# included; docs/protocol.md's change log says what changed and whether it breaks old clients.
+# tests/web/test_protocol_doc.py checks that the document states this number.
+PROTOCOL_VERSION: Final = 1
 
 
 class SessionState(StrEnum):

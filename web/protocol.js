@@ -10,6 +10,9 @@
 
 export const API_PREFIX = "/api/v1";
 
+// the client protocol version docs/protocol.md describes
+export const PROTOCOL_VERSION = 1;
+
 // ---- session lifecycle --------------------------------------------------------------
 
 export const SessionState = Object.freeze({
