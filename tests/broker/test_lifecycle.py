@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from broker.lifecycle import START_TIMEOUT_MS, SessionClock, Timeouts, next_state_allowed, reap, warn_before_end
+from broker.lifecycle import (
+    START_TIMEOUT_MS,
+    SessionClock,
+    Timeouts,
+    lease_expiry,
+    next_state_allowed,
+    reap,
+    warn_before_end,
+)
 from broker.protocol import EndReason, SessionState
 
 S = SessionState
@@ -52,3 +60,18 @@ def test_warning_window_before_max_duration() -> None:
     assert warn_before_end(c, T, T0 + 3_300_000, 300) == 300       # exactly 5 minutes left
     assert warn_before_end(c, T, T0 + 3_599_500, 300) == 1         # rounds up
     assert warn_before_end(c, T, T0 + 3_600_000, 300) is None      # already due: the reaper ends it
+
+
+@pytest.mark.parametrize(("due", "total", "late_s", "limit"), [
+    (0, 1000, 0.0, 0),        # nothing due
+    (3, 1000, 0.0, 3),        # a few hosts died: all of them go down now
+    (5, 10, 0.0, 5),          # half of a small fleet is still "a few" (<= MASS_EXPIRY_MIN)
+    (100, 1000, 0.0, 100),    # 10 % at once: still believed
+    (101, 1000, 0.0, 10),     # more: a stalled broker or Redis looks like this, 1 % of the fleet a pass
+    (900, 50, 0.0, 1),        # at least one a pass, so a real outage still completes
+    (3, 1000, 5.1, 0),        # this process's loop lags more than a third of a 15 s lease: none
+    (3, 1000, 5.0, 3),
+])
+def test_lease_expiry(due: int, total: int, late_s: float, limit: int) -> None:
+    d = lease_expiry(due, total, late_s, 15.0)
+    assert d.limit == limit and d.reason

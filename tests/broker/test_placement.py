@@ -97,6 +97,8 @@ async def test_lua_placement_matches_python_policy(redis_url: str, prefix: str, 
                     await r.hset(store.keys.host(hid), f"u:{g['index']}", used)
                     loads.append(GpuLoad(g["index"], seats, used))
                 hosts.append(HostLoad(hid, state, tuple(loads)))
+            # the hosts were written field by field, as an older broker would have: build the index
+            await store.reindex_pool("p", 1000)
             want = place(hosts, strategy)
             res = await store.create_session(f"s{trial}", f"user{trial}", "p", {}, 1000)
             assert not isinstance(res, str)

@@ -26,7 +26,7 @@ end
 local qkey = k_queue(pool)
 local qlen = redis.call('LLEN', qkey)
 local host, gpu = nil, nil
-if qlen == 0 then host, gpu = pick(pool, cfg) end  -- FIFO: nobody jumps a non-empty queue
+if qlen == 0 then host, gpu = pick(pool) end  -- FIFO: nobody jumps a non-empty queue
 if host == nil and qlen >= tonumber(cfg['max_queue']) then return {'queue_full', ''} end
 
 redis.call('HSET', k_session(sid), 'user', user, 'pool', pool, 'kind', cfg['kind'], 'profile', profile,
@@ -34,12 +34,14 @@ redis.call('HSET', k_session(sid), 'user', user, 'pool', pool, 'kind', cfg['kind
            'last_active_ms', now, 'disconnected_ms', 0, 'ended_ms', 0, 'end_reason', '')
 redis.call('SADD', ukey, sid)
 redis.call('SADD', k_live(), sid)
+count_session(pool, nil, 'queued')
 local out
 if host ~= nil then
   bind(sid, pool, host, gpu, now)
   out = {'seated', sid, ''}
 else
   local pos = redis.call('RPUSH', qkey, sid)
+  schedule(sid)
   publish_state(sid, 'queued', {queue_position = pos})
   out = {'queued', sid, pos}
 end

@@ -6,6 +6,7 @@ local f = redis.call('HMGET', key, 'state', 'pool')
 if f[1] == false then return {'not_found'} end
 if f[1] == 'down' then return {'down'} end
 redis.call('HSET', key, 'state', new)
+refresh_host(h)
 local out = {'ok'}
 if new == 'up' then
   for _, s in ipairs(pump(f[2], now)) do table.insert(out, s) end

@@ -1,12 +1,25 @@
 -- Shared helpers prepended to every broker script (Redis 6.2+ has no FUNCTION
--- libraries, so scripts are concatenated in Python).  ARGV[1] is the key
+-- libraries, so scripts are concatenated in Python, after a few constants that
+-- broker/store/live.py writes from their Python homes).  ARGV[1] is the key
 -- prefix; key names mirror broker/store/keys.py.  Scripts are atomic: either
 -- every write below happens or none does (no error is raised after a write).
+--
+-- Indexes kept by these steps (so no step, and no reaper pass, walks the fleet):
+--   P:pool:{pool}:avail  zset  up hosts with a free seat, scored for the pool's strategy
+--   P:pool:{pool}:stats  hash  counters: hosts by state, seats total/free/used, sessions by state
+--   P:due:leases         zset  host -> lease due (ms)
+--   P:due:sessions       zset  live session -> when the timeout policy could end it (ms)
+--   P:due:warn           zset  seated session not yet warned -> when max-duration ends it (ms)
+--   P:due:purge          zset  down host -> when its record is dropped (ms)
+-- A host's hash holds what it last contributed (acct = state, seats, used, free), so a
+-- change moves exactly that contribution: refresh_host is the one place that does it.
 local P = ARGV[1]
 local function k_pools() return P .. ':pools' end
 local function k_pool(n) return P .. ':pool:' .. n end
 local function k_pool_hosts(n) return P .. ':pool:' .. n .. ':hosts' end
 local function k_queue(n) return P .. ':pool:' .. n .. ':queue' end
+local function k_avail(n) return P .. ':pool:' .. n .. ':avail' end
+local function k_stats(n) return P .. ':pool:' .. n .. ':stats' end
 local function k_hosts() return P .. ':hosts' end
 local function k_host(h) return P .. ':host:' .. h end
 local function k_lease(h) return P .. ':host:' .. h .. ':lease' end
@@ -16,17 +29,32 @@ local function k_session(s) return P .. ':session:' .. s end
 local function k_user(u, pool) return P .. ':user:' .. u .. ':pool:' .. pool end
 local function k_live() return P .. ':live' end
 local function k_outbox() return P .. ':outbox' end
+local function k_due_leases() return P .. ':due:leases' end
+local function k_due_sessions() return P .. ':due:sessions' end
+local function k_due_warn() return P .. ':due:warn' end
+local function k_due_purge() return P .. ':due:purge' end
 local function c_session(s) return P .. ':ev:session:' .. s end
 local function c_pool(n) return P .. ':ev:pool:' .. n end
 local function c_node(h) return P .. ':node:' .. h end
 
-local ENDED_TTL_S = 3600
+local SCORE_BASE = 1048576  -- 2^20: more than any host's free seats, so used and free share one score
 
 local function hgetall(key)
   local flat = redis.call('HGETALL', key)
   local t = {}
   for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
   return t
+end
+
+local function num(v)
+  if v == false or v == nil or v == '' then return 0 end
+  return tonumber(v) or 0
+end
+
+local function split(csv)
+  local out = {}
+  if csv then for i in string.gmatch(csv, '[^,]+') do table.insert(out, i) end end
+  return out
 end
 
 local function pool_cfg(pool)
@@ -47,54 +75,130 @@ local function gpu_seats(g, cfg)
   return n
 end
 
--- The host's GPUs with seats and used counts; nil when the host cannot take sessions.
-local function host_load(h, cfg, need_up)
-  local key = k_host(h)
-  local f = redis.call('HMGET', key, 'state', 'gpus')
-  if f[1] == false or f[2] == false then return nil end
-  if need_up and (f[1] ~= 'up' or redis.call('EXISTS', k_lease(h)) == 0) then return nil end
-  local gpus = cjson.decode(f[2])
-  local load = {id = h, used = 0, free = 0, seats = 0, gpus = {}}
+-- Write the host's per-GPU seat counts (s:{index}) and GPU list (g) under the pool's rules.
+local function set_seats(h, cfg)
+  local hkey = k_host(h)
+  local gpus = cjson.decode(redis.call('HGET', hkey, 'gpus') or '[]')
+  local idx = {}
   for _, g in ipairs(gpus) do
-    local used = tonumber(redis.call('HGET', key, 'u:' .. g['index']) or '0')
-    local seats = gpu_seats(g, cfg)
-    local free = seats - used
-    if free < 0 then free = 0 end
-    table.insert(load.gpus, {index = g['index'], seats = seats, used = used, free = free})
-    load.used = load.used + used
-    load.free = load.free + free
-    load.seats = load.seats + seats
+    redis.call('HSET', hkey, 's:' .. g['index'], gpu_seats(g, cfg))
+    table.insert(idx, tostring(g['index']))
   end
-  return load
+  redis.call('HSET', hkey, 'g', table.concat(idx, ','))
 end
 
--- Placement (mirrors broker/placement.py): breadth-first = least used, then most free,
--- then host id; depth-first = most used, then host id.  GPU = fewest used, lowest index.
-local function pick(pool, cfg)
-  local best = nil
-  local depth = cfg['strategy'] == 'depth-first'
-  for _, h in ipairs(redis.call('SMEMBERS', k_pool_hosts(pool))) do
-    local l = host_load(h, cfg, true)
-    if l ~= nil and l.free > 0 then
-      local better = false
-      if best == nil then better = true
-      elseif depth then
-        better = l.used > best.used or (l.used == best.used and l.id < best.id)
-      else
-        better = l.used < best.used or (l.used == best.used and
-                 (l.free > best.free or (l.free == best.free and l.id < best.id)))
+-- Placement order (mirrors broker/placement.py): breadth-first = least used, then most free,
+-- then host id; depth-first = most used, then host id.  Ties on score sort by member (host id).
+local function avail_score(strategy, used, free)
+  if strategy == 'depth-first' then return -used end
+  return used * SCORE_BASE + (SCORE_BASE - 1 - free)
+end
+
+-- What a host in state ``st`` adds to its pool's counters.
+local function contribution(st, seats, used, free, sign, into)
+  if st == false or st == nil or st == '' then return end
+  into['hosts_' .. st] = (into['hosts_' .. st] or 0) + sign
+  if st == 'up' then
+    into['seats_total'] = (into['seats_total'] or 0) + sign * seats
+    into['seats_free'] = (into['seats_free'] or 0) + sign * free
+  end
+  if st ~= 'down' then into['seats_used'] = (into['seats_used'] or 0) + sign * used end
+end
+
+local function apply_counts(pool, delta)
+  local sk = k_stats(pool)
+  for k, v in pairs(delta) do
+    if v ~= 0 then redis.call('HINCRBY', sk, k, v) end
+  end
+end
+
+-- Recount one host from its per-GPU fields and move its contribution (pool counters and
+-- placement index) from what was last accounted to what is true now.
+local function refresh_host(h)
+  local hkey = k_host(h)
+  local f = redis.call('HMGET', hkey, 'state', 'pool', 'g', 'acct', 'seats', 'used', 'free')
+  local state, pool = f[1], f[2]
+  if pool == false then return end
+  if state == false then state = '' end
+  local seats, used, free = 0, 0, 0
+  local idx = split(f[3])
+  if #idx > 0 then
+    local fields = {}
+    for _, i in ipairs(idx) do
+      table.insert(fields, 's:' .. i)
+      table.insert(fields, 'u:' .. i)
+    end
+    local v = redis.call('HMGET', hkey, unpack(fields))
+    for j = 1, #idx do
+      local s, u = num(v[2 * j - 1]), num(v[2 * j])
+      seats = seats + s
+      used = used + u
+      if s > u then free = free + s - u end
+    end
+  end
+  local delta = {}
+  contribution(f[4], num(f[5]), num(f[6]), num(f[7]), -1, delta)
+  contribution(state, seats, used, free, 1, delta)
+  apply_counts(pool, delta)
+  redis.call('HSET', hkey, 'acct', state, 'seats', seats, 'used', used, 'free', free)
+  if state == 'up' and free > 0 then
+    local strategy = redis.call('HGET', k_pool(pool), 'strategy') or 'breadth-first'
+    redis.call('ZADD', k_avail(pool), avail_score(strategy, used, free), h)
+  else
+    redis.call('ZREM', k_avail(pool), h)
+  end
+end
+
+-- Take a host out of its pool's counters and index (before it is deleted or moves pools).
+local function unaccount_host(h)
+  local hkey = k_host(h)
+  local f = redis.call('HMGET', hkey, 'pool', 'acct', 'seats', 'used', 'free')
+  if f[1] == false then return end
+  local delta = {}
+  contribution(f[2], num(f[3]), num(f[4]), num(f[5]), -1, delta)
+  apply_counts(f[1], delta)
+  redis.call('HSET', hkey, 'acct', '')
+  redis.call('ZREM', k_avail(f[1]), h)
+end
+
+-- The GPU of a host that gets the next session: fewest used, then lowest index, with a free seat.
+local function pick_gpu(h)
+  local hkey = k_host(h)
+  local idx = split(redis.call('HGET', hkey, 'g'))
+  if #idx == 0 then return nil end
+  local fields = {}
+  for _, i in ipairs(idx) do
+    table.insert(fields, 's:' .. i)
+    table.insert(fields, 'u:' .. i)
+  end
+  local v = redis.call('HMGET', hkey, unpack(fields))
+  local best, best_used = nil, nil
+  for j = 1, #idx do
+    local s, u, i = num(v[2 * j - 1]), num(v[2 * j]), tonumber(idx[j])
+    if s > u and (best == nil or u < best_used or (u == best_used and i < best)) then
+      best, best_used = i, u
+    end
+  end
+  return best
+end
+
+-- Placement: the first host of the pool's index whose lease lives.  The index holds only up hosts
+-- with a free seat, so this reads O(log n) keys; a host whose lease ran out (not yet marked down
+-- by the reaper) is skipped, not removed.
+local function pick(pool)
+  local key = k_avail(pool)
+  local from = 0
+  while true do
+    local ids = redis.call('ZRANGE', key, from, from + 7)
+    if #ids == 0 then return nil, nil end
+    for _, h in ipairs(ids) do
+      if redis.call('EXISTS', k_lease(h)) == 1 then
+        local gpu = pick_gpu(h)
+        if gpu ~= nil then return h, gpu end
       end
-      if better then best = l end
     end
+    from = from + 8
   end
-  if best == nil then return nil, nil end
-  local gb = nil
-  for _, g in ipairs(best.gpus) do
-    if g.free > 0 and (gb == nil or g.used < gb.used or (g.used == gb.used and g.index < gb.index)) then
-      gb = g
-    end
-  end
-  return best.id, gb.index
 end
 
 local function publish_state(sid, state, extra)
@@ -109,14 +213,96 @@ local function session_view(sid)
   return s
 end
 
+local function count_session(pool, from, to)
+  local sk = k_stats(pool)
+  if from ~= nil and from ~= false and from ~= 'ended' then redis.call('HINCRBY', sk, 's_' .. from, -1) end
+  if to ~= nil and to ~= 'ended' then redis.call('HINCRBY', sk, 's_' .. to, 1) end
+end
+
+-- ---- session deadlines (mirrors broker.lifecycle.next_due_ms and max_duration_end_ms) ----------
+local SESSION_CLOCK = {'state', 'pool', 'created_ms', 'seated_ms', 'last_active_ms', 'disconnected_ms',
+                       'warned_ms'}
+local TIMEOUTS = {'queue_timeout_s', 'idle_timeout_s', 'disconnect_timeout_s', 'max_duration_s'}
+
+local function read_clock(sid)
+  local f = redis.call('HMGET', k_session(sid), unpack(SESSION_CLOCK))
+  if f[1] == false then return nil end
+  return {state = f[1], pool = f[2], created = num(f[3]), seated = num(f[4]), active = num(f[5]),
+          disconnected = num(f[6]), warned = num(f[7])}
+end
+
+local function read_timeouts(pool)
+  local c = redis.call('HMGET', k_pool(pool), unpack(TIMEOUTS))
+  return {queue = num(c[1]), idle = num(c[2]), disconnect = num(c[3]), max = num(c[4])}
+end
+
+local function next_due(s, t)
+  if s.state == 'ended' then return nil end
+  if s.state == 'queued' then return s.created + t.queue * 1000 end
+  local seated = s.seated
+  if seated == 0 then seated = s.created end
+  local due = nil
+  local function m(v) if due == nil or v < due then due = v end end
+  if t.max > 0 then m(seated + t.max * 1000) end
+  if s.state == 'starting' then
+    m(seated + START_TIMEOUT_MS)
+    return due
+  end
+  if s.state == 'disconnected' then
+    local since = s.disconnected
+    if since == 0 then since = seated end
+    m(since + t.disconnect * 1000)
+  end
+  if t.idle > 0 then m(math.max(s.active, seated) + t.idle * 1000) end
+  return due
+end
+
+-- Write a session's timeout deadline from its clock ``s`` (read_clock; nil = gone) under timeouts ``t``.
+local function schedule_with(sid, s, t)
+  local due = nil
+  if s ~= nil then due = next_due(s, t) end
+  if due == nil then
+    redis.call('ZREM', k_due_sessions(), sid)
+  else
+    redis.call('ZADD', k_due_sessions(), due, sid)
+  end
+end
+
+-- Write a session's max-duration warning entry: seated, a limit, not yet warned.  It only moves
+-- when the session is seated, warned or ended, or the pool's limit changes.
+local function schedule_warn(sid, s, t)
+  if s ~= nil and s.state ~= 'queued' and s.state ~= 'ended' and t.max > 0 and s.warned == 0 then
+    local seated = s.seated
+    if seated == 0 then seated = s.created end
+    redis.call('ZADD', k_due_warn(), seated + t.max * 1000, sid)
+  else
+    redis.call('ZREM', k_due_warn(), sid)
+  end
+end
+
+local function schedule(sid)
+  local s = read_clock(sid)
+  if s == nil or s.state == 'ended' then
+    schedule_with(sid, nil, nil)
+    schedule_warn(sid, nil, nil)
+    return
+  end
+  local t = read_timeouts(s.pool)
+  schedule_with(sid, s, t)
+  schedule_warn(sid, s, t)
+end
+
 -- Seat a session on (host, gpu): all writes of one bind happen together.
 local function bind(sid, pool, host, gpu, now)
   local hkey = k_host(host)
   redis.call('HINCRBY', hkey, 'u:' .. gpu, 1)
+  refresh_host(host)
   redis.call('SADD', k_host_sessions(host), sid)
   local address = redis.call('HGET', hkey, 'address') or ''
   redis.call('HSET', k_session(sid), 'state', 'starting', 'host', host, 'gpu', tostring(gpu),
              'address', address, 'seated_ms', now, 'last_active_ms', now)
+  count_session(pool, 'queued', 'starting')
+  schedule(sid)
   local s = session_view(sid)
   redis.call('RPUSH', k_outbox(), cjson.encode({kind = 'start', session = s, ts_ms = now}))
   redis.call('PUBLISH', c_node(host), cjson.encode({cmd = 'start', session = s}))
@@ -125,9 +311,8 @@ end
 
 -- Seat queued sessions while the head of the pool's queue fits somewhere.
 local function pump(pool, now)
-  local cfg = pool_cfg(pool)
   local seated = {}
-  if cfg == nil then return seated end
+  if redis.call('EXISTS', k_pool(pool)) == 0 then return seated end
   while true do
     local head = redis.call('LINDEX', k_queue(pool), 0)
     if not head then break end
@@ -135,7 +320,7 @@ local function pump(pool, now)
     if st ~= 'queued' then
       redis.call('LPOP', k_queue(pool))  -- stale entry (ended meanwhile): drop it
     else
-      local host, gpu = pick(pool, cfg)
+      local host, gpu = pick(pool)
       if host == nil then break end
       redis.call('LPOP', k_queue(pool))
       bind(head, pool, host, gpu, now)
@@ -146,6 +331,32 @@ local function pump(pool, now)
     redis.call('PUBLISH', c_pool(pool), cjson.encode({type = 'queue', pool = pool}))
   end
   return seated
+end
+
+-- A node-reported transition (running | disconnected) of a seated session, with its clock ``s``
+-- (read_clock, updated here).  Returns ok | illegal.  ``state_ms`` records when it happened: a
+-- heartbeat that left the session out only ends it when the node built that heartbeat later.
+local function apply_state(sid, s, new, now)
+  local cur = s.state
+  if cur == new then return 'ok' end
+  local legal = (new == 'running' and (cur == 'starting' or cur == 'disconnected'))
+             or (new == 'disconnected' and (cur == 'starting' or cur == 'running'))
+  if not legal then return 'illegal' end
+  local key = k_session(sid)
+  redis.call('HSET', key, 'state', new, 'state_ms', now)
+  if new == 'running' then
+    if num(redis.call('HGET', key, 'started_ms')) == 0 then redis.call('HSET', key, 'started_ms', now) end
+    redis.call('HSET', key, 'disconnected_ms', 0, 'last_active_ms', now)
+    s.disconnected = 0
+    if now > s.active then s.active = now end
+  else
+    redis.call('HSET', key, 'disconnected_ms', now)
+    s.disconnected = now
+  end
+  s.state = new
+  count_session(s.pool, cur, new)
+  publish_state(sid, new)
+  return 'ok'
 end
 
 -- End one session: free its seat or queue slot, record it, tell its node.
@@ -165,14 +376,40 @@ local function end_session(sid, reason, now)
     if redis.call('SREM', k_host_sessions(host), sid) == 1 then
       local left = redis.call('HINCRBY', hkey, 'u:' .. s['gpu'], -1)
       if left < 0 then redis.call('HSET', hkey, 'u:' .. s['gpu'], 0) end
+      refresh_host(host)
     end
     redis.call('PUBLISH', c_node(host), cjson.encode({cmd = 'stop', session_id = sid, reason = reason}))
   end
+  count_session(pool, s['state'], 'ended')
   redis.call('HSET', key, 'state', 'ended', 'ended_ms', now, 'end_reason', reason)
   redis.call('EXPIRE', key, ENDED_TTL_S)
+  redis.call('ZREM', k_due_sessions(), sid)
+  redis.call('ZREM', k_due_warn(), sid)
   redis.call('SREM', k_user(s['user'], pool), sid)
   redis.call('SREM', k_live(), sid)
   redis.call('RPUSH', k_outbox(), cjson.encode({kind = 'end', session = session_view(sid), ts_ms = now}))
   publish_state(sid, 'ended', {reason = reason})
   return pool, 'ended'
+end
+
+-- A host whose lease ran out goes down: its sessions end host_lost, its seats are freed, it
+-- leaves the pool's host set and index, and its record is dropped ``down_ttl_s`` later.
+local function mark_down(h, now, down_ttl_s)
+  local key = k_host(h)
+  local out = {}
+  for _, sid in ipairs(redis.call('SMEMBERS', k_host_sessions(h))) do
+    end_session(sid, 'host_lost', now)
+    table.insert(out, sid)
+  end
+  redis.call('DEL', k_host_sessions(h), k_lease(h))
+  for _, i in ipairs(split(redis.call('HGET', key, 'g'))) do redis.call('HSET', key, 'u:' .. i, 0) end
+  redis.call('HSET', key, 'state', 'down', 'down_ms', now)
+  refresh_host(h)  -- counted as down in its pool until the record is dropped
+  local pool = redis.call('HGET', key, 'pool')
+  if pool then redis.call('SREM', k_pool_hosts(pool), h) end
+  -- Redis drops the record by itself an hour after the reaper would (the reaper keeps counters right)
+  redis.call('EXPIRE', key, 2 * down_ttl_s)
+  redis.call('ZREM', k_due_leases(), h)
+  redis.call('ZADD', k_due_purge(), now + down_ttl_s * 1000, h)
+  return out
 end

@@ -11,8 +11,11 @@ local sessions = redis.call('SMEMBERS', k_host_sessions(h))
 if #sessions > 0 and force ~= '1' then return {'busy', tostring(#sessions)} end
 local out = {'removed'}
 for _, sid in ipairs(sessions) do end_session(sid, reason, now); table.insert(out, sid) end
+unaccount_host(h)
 redis.call('DEL', key, k_lease(h), k_host_sessions(h))
 redis.call('SREM', k_pool_hosts(pool), h)
 redis.call('SREM', k_hosts(), h)
+redis.call('ZREM', k_due_leases(), h)
+redis.call('ZREM', k_due_purge(), h)
 if retire_ttl ~= nil and retire_ttl > 0 then redis.call('SET', k_retired(h), now, 'EX', retire_ttl) end
 return out

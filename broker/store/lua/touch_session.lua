@@ -1,6 +1,11 @@
--- Record user activity. ARGV: prefix, session_id, last_active_ms.  Returns 1 if updated.
-local key = k_session(ARGV[2])
-local f = redis.call('HMGET', key, 'state', 'last_active_ms')
-if f[1] == false or f[1] == 'ended' or f[1] == 'queued' then return 0 end
-if tonumber(ARGV[3]) > tonumber(f[2] or '0') then redis.call('HSET', key, 'last_active_ms', ARGV[3]) end
+-- Record user activity. ARGV: prefix, session_id, last_active_ms.  Returns 1 if the session is seated.
+local sid, at = ARGV[2], tonumber(ARGV[3])
+local s = read_clock(sid)
+if s == nil or s.state == 'ended' or s.state == 'queued' then return 0 end
+if at > s.active then
+  redis.call('HSET', k_session(sid), 'last_active_ms', at)
+  s.active = at
+  local t = read_timeouts(s.pool)
+  if t.idle > 0 then schedule_with(sid, s, t) end
+end
 return 1

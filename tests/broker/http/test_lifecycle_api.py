@@ -66,7 +66,11 @@ async def test_host_lost_frees_seats_and_seats_queue_elsewhere(api, clock) -> No
     hosts = {s["host"] for _, s in sessions[:2]}
     assert hosts == {"p1-h0", "p1-h1"} and sessions[2][1]["state"] == "queued"
     lost = sessions[0][1]
-    await b.live.redis.delete(b.live.keys.host_lease(lost["host"]))  # the lease runs out
+    kept = sessions[1][1]["host"]
+    clock.advance(b.settings.lease_ttl_ms - 1_000)
+    assert (await api.put(f"/api/v1/hosts/{kept}/heartbeat", json={}, headers=auth(NODE))).status == 200
+    clock.advance(1_000)
+    await b.live.redis.delete(b.live.keys.host_lease(lost["host"]))  # the lease runs out (Redis's clock)
     ended = await b.reap_once()
     assert ended == [(lost["id"], "host_lost")]
     host = await (await api.get(f"/api/v1/hosts/{lost['host']}", headers=auth(ADMIN))).json()

@@ -1,0 +1,47 @@
+"""Smoke test of bench/bench_fleet.py: a tiny fleet for a few seconds against one real broker process.
+
+It checks that the benchmark measures real things (heartbeats and seatings answered, broker CPU,
+Redis commands per operation from a private redis-server) and that a run leaves no process
+behind; it asserts no timings beyond "more than zero".
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bench import bench_fleet as bench
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.e2e]
+
+
+def _children() -> set[int]:
+    out = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                    out.add(int(d.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+async def test_a_tiny_fleet_is_measured_and_cleaned_up() -> None:
+    before = _children()
+    cfg = bench.FleetConfig(hosts=3, replicas=1, sessions_per_host=2, heartbeat_s=1.0, steady_s=1.5, seatings=4,
+                            seat_rate=4.0, seat_hold_s=0.5, start_delay_s=(0.01, 0.05), quiet_s=0.5, isolated=2,
+                            run_timeout_s=90)
+    lines: list[str] = []
+    res = await bench.run_fleet(cfg, db="sqlite", log=lines.append)
+    assert res.note == "", res.note
+    assert lines and "3 hosts, 6 sessions (6 running)" in lines[0]
+    assert res.stats.hb_ms and len(res.stats.seat_ms) == 4 and res.seat_errors == 0
+    assert sum(res.ended_wrongly.values()) == 0 and res.hosts_lost == 0, (res.ended_wrongly, res.stats.errors)
+    assert res.broker_cpu_pct[0] > 0 and res.cmds_per_hb > 0 and res.cmds_per_seat > 0 and res.cmds_per_end > 0
+    assert res.scripts_per_hb == 1 and res.scripts_per_seat == 1  # one Lua step each
+    row = bench.row(res)
+    assert len(row) == len(bench.HEADER) and row[1] == "3"
+    assert _children() <= before  # brokers and redis-server are gone
