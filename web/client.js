@@ -11,6 +11,9 @@
 // reconnecting: if the peer connection fails or the signaling socket drops, GET the session and,
 // while it is still live, re-signal the same session with a new PeerLink (no new queue entry)
 // until the pool's disconnect timeout would end it anyway.
+//
+// Size: about 670 lines on purpose: the views, the session lifecycle and reconnecting share one
+// session's state; what does not need it already lives in peer.js, input.js, stats.js, playout.js.
 
 import { EndReason, EventType, InputType, NodeEventType, PoolKind, Role, SEATED_STATES, SessionState } from "./protocol.js";
 import { $, ApiError, api, el, fmtDuration, problemText, render, sleep, tokenStore, withToken } from "./common.js";

@@ -44,6 +44,9 @@ Concurrency: one Scaler per process; its loop (``broker.app``) calls `run_once` 
 ``autoscale_interval_s``; request handlers call `status`, `put_plan`, `delete_plan` and
 `simulate` concurrently with it.  Everything shared is in Redis/SQL; the per-pool lock
 serialises evaluations across replicas.
+
+Size: about 640 lines on purpose: one pass (lock, load, snapshot, decide, apply, record) whose steps share
+the pass's state and safety rules; the policy, forecast, oracle and simulator it calls are their own modules.
 """
 
 from __future__ import annotations

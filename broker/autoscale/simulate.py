@@ -38,6 +38,10 @@ randomness is a `random.Random(seed)` passed around, so a seed reproduces a run 
 Invariants: a seat is never double-booked (Fleet counts per GPU); every placement equals what
 `place` returns for the same hosts; every scaling action comes from `decide`; host-hours never
 exceed hosts * simulated hours.
+
+Size: about 750 lines on purpose: the event loop, the incremental placement index it must keep in step
+with `broker.placement.place` (``check_placement``) and the recommendation search that drives the loop
+share the simulated fleet's internals; demand scenarios live in `broker.autoscale.scenarios`.
 """
 
 from __future__ import annotations

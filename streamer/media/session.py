@@ -39,6 +39,10 @@ Invariants:
 - only the codec the encoder produces is in the answer;
 - a viewer's malformed messages are counted and dropped; a bad offer is
   answered with an ``error`` message, never an exception.
+
+Size: about 980 lines on purpose: the start and stop order of one session (display, capture, encoder,
+frame thread, peer, control loop) is read in one place to check that every error path tears down what
+was started; the parts it composes live in their own modules.
 """
 
 from __future__ import annotations
