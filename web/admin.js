@@ -428,12 +428,14 @@ async function renderScaling() {
   const results = await Promise.all(st.pools.map(async (p) => {
     const name = encodeURIComponent(p.name);
     const [plan, rec] = await Promise.all([getOptional(`pools/${name}/plan`), getOptional(`pools/${name}/recommendation`)]);
-    return { pool: p, plan, rec };
+    // the latest decisions and the numbers behind them, only where the pool is autoscaled
+    const status = plan && !(plan instanceof Error) ? await getOptional(`pools/${name}/autoscale?limit=20`) : null;
+    return { pool: p, plan, rec, status };
   }));
   const any = results.filter((r) => (r.plan && !(r.plan instanceof Error)) || (r.rec && !(r.rec instanceof Error)));
   if (!any.length) { section.hidden = true; render(box); return; }
   section.hidden = false;
-  keepFocus(box, () => render(box, results.map(({ pool, plan, rec }) => scalingCard(pool, plan, rec))));
+  keepFocus(box, () => render(box, results.map(({ pool, plan, rec, status }) => scalingCard(pool, plan, rec, status))));
 }
 
 // =========================================================================================
