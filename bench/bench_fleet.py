@@ -122,6 +122,16 @@ async def wait_until(done: Callable[[], bool], timeout_s: float, poll_s: float) 
         await asyncio.sleep(poll_s)
 
 
+async def outbox_empty(rc: aioredis.Redis, key: str, timeout_s: float, poll_s: float) -> bool:
+    """Wait until the brokers have written every queued start/end record to SQL (``key`` is empty)."""
+    deadline = time.monotonic() + timeout_s
+    while await rc.llen(key):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(poll_s)
+    return True
+
+
 async def loop_lag(stats: Stats, period_s: float = 0.02) -> None:
     """Record how late this process's event loop wakes up: latencies it measures include this much."""
     loop = asyncio.get_running_loop()
@@ -266,6 +276,11 @@ class SimHost:
         async with http.post(f"{self.base}/api/v1/hosts", json=self.register_body(), headers=self.auth) as r:
             if r.status != 201:
                 raise RuntimeError(f"register {self.id}: {r.status} {await r.text()}")
+            # per-host calls carry the credential bound to this host (the node token only registers);
+            # a broker from before per-host identity (a --pythonpath baseline) sends none
+            cred = (await r.json()).get("node_credential")
+            if cred:
+                self.auth = {"Authorization": f"Bearer {cred['token']}"}
 
     def heartbeat_body(self) -> dict[str, Any]:
         now = int(time.time() * 1000)
@@ -537,9 +552,14 @@ async def _drive(cfg: FleetConfig, replicas: list[Replica], rc: aioredis.Redis, 
                     tasks.append(asyncio.create_task(sse_reader(streams, url, tok, stats)))
             await wait_until(lambda: sum(len(h.running) for h in hosts) >= len(fleet), 120, 0.5)
             await asyncio.sleep(cfg.heartbeat_s)  # one full heartbeat round with every session running
+            # the setup's session records still flow to SQL through the outbox (500 a pass); measuring
+            # before it is empty would charge that one-off backlog to the steady window
+            t_outbox = time.monotonic()
+            await outbox_empty(rc, f"{prefix}:outbox", 180, 0.5)
             res.setup_s = time.monotonic() - t_setup
             log(f"  setup {res.setup_s:.0f} s: {cfg.hosts} hosts, {len(fleet)} sessions "
-                f"({sum(len(h.running) for h in hosts)} running), {len(tasks)} tasks")
+                f"({sum(len(h.running) for h in hosts)} running), {len(tasks)} tasks, "
+                f"outbox drained in {time.monotonic() - t_outbox:.0f} s")
 
             # steady + seating windows: latency, CPU, commands
             pids = [r.proc.pid for r in replicas]

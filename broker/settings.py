@@ -36,7 +36,18 @@ class BrokerSettings:
     database_url: str = opt("", "SQLAlchemy URL (sqlite:///..., postgresql://...); empty = SQLite in data_dir")
     admin_token: str = opt("", "Admin bearer token; empty generates one and prints it at start")
     node_token: str = opt("", "Render-node bearer token; empty generates one and prints it at start")
-    secret: str = opt("", "HMAC key for user tokens; empty generates one (tokens die with the process)")
+    secret: str = opt("", "HMAC key that signs user tokens and node credentials; empty generates one (tokens "
+                          "die with the process)")
+    previous_secrets: list[str] = opt([], "Older HMAC keys that still verify tokens (never sign): rotate by moving "
+                                          "the old secret here and setting a new secret; remove it once every token "
+                                          "it signed has expired or been renewed (comma-separated in the env)")
+    node_credential_ttl_s: int = opt(3600, "Lifetime of a host-bound node credential (POST /hosts mints it; "
+                                           "heartbeat replies renew it past half its life or when an older key "
+                                           "signed it)")
+    node_token_any_host: bool = opt(False, "Compatibility window for a rolling upgrade only: the shared node "
+                                           "token may still act for any host (heartbeat, command socket, session "
+                                           "state, drain, delete) as it did before host-bound credentials; turn "
+                                           "off once every node runs a version that uses its credential")
     host_lease_ttl_s: float = opt(15.0, "A host whose heartbeat lease is older than this goes down")
     reaper_interval_s: float = opt(1.0, "How often timeouts and host leases are checked")
     sample_interval_s: float = opt(60.0, "How often pool utilization is sampled into SQL")

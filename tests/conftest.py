@@ -148,7 +148,12 @@ def settings_factory(redis_url: str, prefix: str, db_url: str, tmp_path: Path): 
     def make(**over: object) -> BrokerSettings:
         base: dict[str, object] = dict(redis_url=redis_url, redis_prefix=prefix, database_url=db_url,
                                        data_dir=str(tmp_path / "data"), admin_token=ADMIN, node_token=NODE,
-                                       secret=SECRET, reaper_interval_s=3600.0, sample_interval_s=3600.0)
+                                       secret=SECRET, reaper_interval_s=3600.0, sample_interval_s=3600.0,
+                                       # the in-process tests predate host-bound node credentials and call
+                                       # per-host routes with the shared token (the compatibility window);
+                                       # tests of the identity rules pass node_token_any_host=False, and
+                                       # real-process brokers run with the default (off)
+                                       node_token_any_host=True)
         base.update(over)
         return BrokerSettings(**base)  # type: ignore[arg-type]
 
@@ -167,6 +172,13 @@ async def api(aiohttp_client, settings_factory, clock):  # type: ignore[no-untyp
 
 def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+def node_auth(host_id: str, secret: str = SECRET, ttl_s: int = 3600) -> dict[str, str]:
+    """Headers with a node credential bound to ``host_id`` (as ``POST /api/v1/hosts`` mints it)."""
+    from broker.auth import mint_node_credential
+
+    return auth(mint_node_credential(secret, host_id, time.time(), ttl_s)[0])
 
 
 async def user_token(client, user: str) -> str:  # type: ignore[no-untyped-def]

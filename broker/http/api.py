@@ -16,11 +16,12 @@ from typing import Any, Final
 from aiohttp import web
 from redis.exceptions import RedisError
 
-from broker.auth import Principal, authenticate, mint_user_token
-from broker.errors import Forbidden, MalformedBody, PayloadTooLarge, ValidationError
+from broker.auth import Principal, authenticate, mint_node_credential, mint_user_token, needs_renewal
+from broker.errors import Conflict, Forbidden, MalformedBody, PayloadTooLarge, ValidationError
 from broker.keys_app import BROKER, METRICS, SETTINGS
 from broker.models import NAME_RE, TOKEN_SCHEMA, parse_user
 from broker.protocol import API_PREFIX, HostState, Role
+from broker.settings import BrokerSettings
 from broker.validate import validate
 
 routes = web.RouteTableDef()
@@ -34,8 +35,41 @@ def principal(request: web.Request, *, query_token: bool = False) -> Principal:
     header = request.headers.get("Authorization")
     if header is None and query_token and request.query.get("access_token"):
         header = "Bearer " + request.query["access_token"]
-    return authenticate(header, admin_token=s.admin_token, node_token=s.node_token, secret=s.secret,
+    return authenticate(header, admin_token=s.admin_token, node_token=s.node_token, secret=signing_keys(s),
                         now_s=time.time())
+
+
+def signing_keys(s: BrokerSettings) -> tuple[str, ...]:
+    """The HMAC keys newest first: ``secret`` signs, it and ``previous_secrets`` verify (rotation overlap)."""
+    return (s.secret, *s.previous_secrets)
+
+
+def require_host(request: web.Request, host_id: str, *roles: Role, field: str = "host") -> Principal:
+    """The caller of a per-host route: an admin (where ``roles`` allows one), or a node whose credential
+    is bound to ``host_id``.  A credential for another host is 403 naming ``field`` (the path's ``host``,
+    or the body's ``id``).  The shared bootstrap token only registers hosts: on a per-host route it is
+    403 naming ``Authorization`` unless the ``node_token_any_host`` compatibility window is on."""
+    who = principal(request)
+    if who.role not in roles:
+        raise Forbidden(f"this endpoint needs a {' or '.join(r.value for r in roles)} token")
+    if who.role != Role.NODE:
+        return who
+    if who.host is None:
+        if request.app[SETTINGS].node_token_any_host:
+            return who
+        raise Forbidden("the shared node token only registers hosts (POST /api/v1/hosts); per-host routes "
+                        "take the node_credential that registration returned", field="Authorization")
+    if who.host != host_id:
+        raise Forbidden(f"{field}: this node credential is bound to host {who.host!r}, not {host_id[:80]!r}",
+                        field=field)
+    return who
+
+
+def node_credential(request: web.Request, host_id: str) -> dict[str, Any]:
+    """A fresh credential bound to ``host_id``, signed with the newest key, as replies carry it."""
+    s = request.app[SETTINGS]
+    token, exp = mint_node_credential(signing_keys(s), host_id, time.time(), s.node_credential_ttl_s)
+    return {"token": token, "host": host_id, "expires_at": exp}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DRAIN_REASON_MAX = 200  # characters of a drain/undrain reason kept in the audit record
@@ -131,7 +165,7 @@ async def mint_token(request: web.Request) -> web.Response:
     who = require(request, Role.ADMIN)
     data = validate(await read_json(request), TOKEN_SCHEMA)
     user = parse_user(data["user"])
-    token, exp = mint_user_token(request.app[SETTINGS].secret, user, time.time(), data["ttl_s"])
+    token, exp = mint_user_token(signing_keys(request.app[SETTINGS]), user, time.time(), data["ttl_s"])
     b = request.app[BROKER]
     await b.repo.audit(b.clock(), who.name, who.role, "token.mint", user, {"ttl_s": data["ttl_s"]})
     return ok({"token": token, "user": user, "expires_at": exp}, 201)
@@ -145,14 +179,19 @@ async def guest_token(request: web.Request) -> web.Response:
     import secrets
 
     user = "guest-" + secrets.token_hex(4)
-    token, exp = mint_user_token(s.secret, user, time.time(), 3600)
+    token, exp = mint_user_token(signing_keys(s), user, time.time(), 3600)
     return ok({"token": token, "user": user, "expires_at": exp}, 201)
 
 
 @routes.get(f"{API_PREFIX}/whoami")
 async def whoami(request: web.Request) -> web.Response:
     who = principal(request)
-    return ok({"role": who.role.value, "name": who.name})
+    out: dict[str, Any] = {"role": who.role.value, "name": who.name}
+    if who.host is not None:
+        out["host"] = who.host
+    if who.expires_at is not None:
+        out["expires_at"] = who.expires_at
+    return ok(out)
 
 
 # ---- pools ----------------------------------------------------------------------------------
@@ -196,26 +235,56 @@ async def pool_samples(request: web.Request) -> web.Response:
 # ---- hosts ----------------------------------------------------------------------------------
 @routes.post(f"{API_PREFIX}/hosts")
 async def register_host(request: web.Request) -> web.Response:
-    require(request, Role.NODE)
-    return ok(await request.app[BROKER].register_host(await read_json(request)), 201)
+    """Register a host with the shared node token (or re-register with the host's own credential);
+    the reply carries ``node_credential``, bound to the host id, for every later per-host call.
+
+    The bootstrap token cannot take over a host that is live (lease held): that re-registration
+    needs the host's own credential, else 409 naming ``id`` (a restarted node that lost its
+    credential registers once the old lease lapses, at most ``host_lease_ttl_s``)."""
+    who = require(request, Role.NODE)
+    body = await read_json(request)
+    host_id = body.get("id") if isinstance(body, dict) else None
+    b, s = request.app[BROKER], request.app[SETTINGS]
+    if isinstance(host_id, str):
+        if who.host is not None and who.host != host_id:
+            raise Forbidden(f"id: this node credential is bound to host {who.host!r}, not {host_id[:80]!r}",
+                            field="id")
+        if who.host is None and not s.node_token_any_host and NAME_RE.match(host_id):
+            live = await b.live.get_hosts([host_id])
+            if live and live[0]["alive"]:
+                raise Conflict(f"id: host {host_id!r} is live (lease {live[0]['lease_ttl_ms']} ms left); "
+                               "re-registering it takes its own node credential, or wait for the lease to "
+                               "lapse", field="id")
+    view = await b.register_host(body)
+    view["node_credential"] = node_credential(request, view["id"])
+    return ok(view, 201)
 
 
 @routes.get(f"{API_PREFIX}/hosts")
 async def list_hosts(request: web.Request) -> web.Response:
-    require(request, Role.ADMIN, Role.NODE)
+    """Every host: admins (and the bootstrap token during the compatibility window)."""
+    who = require(request, Role.ADMIN, Role.NODE)
+    if who.role == Role.NODE and (who.host is not None or not request.app[SETTINGS].node_token_any_host):
+        raise Forbidden("a node reads only its own host: GET /api/v1/hosts/{id}", field="Authorization")
     return ok({"hosts": await request.app[BROKER].list_hosts(request.query.get("pool"))})
 
 
 @routes.get(f"{API_PREFIX}/hosts/{{id}}")
 async def get_host(request: web.Request) -> web.Response:
-    require(request, Role.ADMIN, Role.NODE)
+    require_host(request, request.match_info["id"], Role.ADMIN, Role.NODE)
     return ok(await request.app[BROKER].get_host(request.match_info["id"]))
 
 
 @routes.put(f"{API_PREFIX}/hosts/{{id}}/heartbeat")
 async def heartbeat(request: web.Request) -> web.Response:
-    require(request, Role.NODE)
-    return ok(await request.app[BROKER].heartbeat(request.match_info["id"], await read_json(request)))
+    """Renew the lease; the reply carries a fresh ``node_credential`` when the one used is past half
+    its life or was signed with an older key (or the caller used the bootstrap token)."""
+    host_id = request.match_info["id"]
+    who = require_host(request, host_id, Role.NODE)
+    reply = await request.app[BROKER].heartbeat(host_id, await read_json(request))
+    if needs_renewal(who, time.time(), request.app[SETTINGS].node_credential_ttl_s):
+        reply["node_credential"] = node_credential(request, host_id)
+    return ok(reply)
 
 
 async def _drain_reason(request: web.Request) -> str:
@@ -231,21 +300,21 @@ async def _drain_reason(request: web.Request) -> str:
 @routes.post(f"{API_PREFIX}/hosts/{{id}}/drain")
 async def drain(request: web.Request) -> web.Response:
     """An admin, or the host's own node (its watchdog, a rolling restart), stops new sessions there."""
-    who = require(request, Role.ADMIN, Role.NODE)
+    who = require_host(request, request.match_info["id"], Role.ADMIN, Role.NODE)
     reason = await _drain_reason(request)
     return ok(await request.app[BROKER].set_host_state(who, request.match_info["id"], HostState.DRAINING, reason))
 
 
 @routes.post(f"{API_PREFIX}/hosts/{{id}}/undrain")
 async def undrain(request: web.Request) -> web.Response:
-    who = require(request, Role.ADMIN, Role.NODE)
+    who = require_host(request, request.match_info["id"], Role.ADMIN, Role.NODE)
     reason = await _drain_reason(request)
     return ok(await request.app[BROKER].set_host_state(who, request.match_info["id"], HostState.UP, reason))
 
 
 @routes.delete(f"{API_PREFIX}/hosts/{{id}}")
 async def remove_host(request: web.Request) -> web.Response:
-    who = require(request, Role.ADMIN, Role.NODE)
+    who = require_host(request, request.match_info["id"], Role.ADMIN, Role.NODE)
     force = request.query.get("force", "false").lower()
     if force not in ("true", "false"):
         raise ValidationError("force: must be true or false", field="force")
@@ -255,7 +324,7 @@ async def remove_host(request: web.Request) -> web.Response:
 
 @routes.put(f"{API_PREFIX}/hosts/{{id}}/sessions/{{sid}}/state")
 async def node_session_state(request: web.Request) -> web.Response:
-    require(request, Role.NODE)
+    require_host(request, request.match_info["id"], Role.NODE)
     return ok(await request.app[BROKER].node_session_state(request.match_info["id"], request.match_info["sid"],
                                                            await read_json(request)))
 

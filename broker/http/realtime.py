@@ -5,7 +5,7 @@
   re-read of the authoritative record, so the stream always carries the real
   state and queue position (a dropped pub/sub message cannot leave a viewer
   with a stale position).
-- ``GET /api/v1/hosts/{id}/commands`` (node token): WebSocket.  The broker
+- ``GET /api/v1/hosts/{id}/commands`` (the host's own node credential): WebSocket.  The broker
   pushes ``start``/``stop``/``warn``/``signal`` commands published on the
   host's channel by any replica; on connect it replays the host's ``starting``
   sessions so an assignment published before the node connected is not lost.
@@ -26,7 +26,7 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from broker.errors import Conflict, MalformedBody, NotFound
-from broker.http.api import parse_json, principal, require, routes
+from broker.http.api import parse_json, principal, require_host, routes
 from broker.keys_app import BROKER, HUB
 from broker.protocol import API_PREFIX, SIGNAL_MAX_BYTES, NodeCommand, Role, SessionState, SignalType
 
@@ -82,9 +82,9 @@ async def _stream_events(resp: web.StreamResponse, b: Any, hub: Any, sid: str, v
 
 @routes.get(f"{API_PREFIX}/hosts/{{id}}/commands")
 async def node_commands(request: web.Request) -> web.WebSocketResponse:
-    require(request, Role.NODE)
-    b, hub = request.app[BROKER], request.app[HUB]
     host_id = request.match_info["id"]
+    require_host(request, host_id, Role.NODE)  # a node's own credential only: 403 before the upgrade
+    b, hub = request.app[BROKER], request.app[HUB]
     await b.get_host(host_id)  # 404 for unknown hosts before upgrading
     ws = web.WebSocketResponse(heartbeat=10.0, max_msg_size=SIGNAL_MAX_BYTES)
     await ws.prepare(request)

@@ -11,6 +11,13 @@ Talks to the broker only (REST + one WebSocket):
 Session state goes back with ``PUT /api/v1/hosts/{id}/sessions/{sid}/state``:
 ``running`` when the runtime is ready and whenever a viewer connects,
 ``disconnected`` when the viewer goes away, ``ended`` when the app exits.
+Credentials: the shared node token (``node_token``) only registers.  The registration reply
+carries ``node_credential``, a token bound to this host id; every other call (heartbeat, command
+socket, state reports, drain, deregistration) carries that credential, and a heartbeat reply
+renews it before it expires or when the broker rotated its key.  A call refused with 401/403
+(credential expired, its key removed, or a broker that wants a credential the node lacks) makes the
+node register again: with its credential when it still holds one, else with the node token.  A
+broker that predates credentials answers without one; the node then keeps the node token.
 A host the broker forgot (404 with ``reregister``) registers again; a host an
 admin or the autoscaler removed (410 ``host_retired``, on register or
 heartbeat) stops: the agent ends its sessions and ``run()`` returns, so a
@@ -58,6 +65,11 @@ class Retired(Exception):
     """The broker retired this host id (HTTP 410): stop, never register again under it."""
 
 
+def _refused(status: int) -> bool:
+    """401 (credential expired or forged) or 403 (not this host's credential): register again."""
+    return status in (401, 403)
+
+
 class NodeAgent:
     def __init__(self, settings: NodeSettings) -> None:
         self.s = settings
@@ -82,6 +94,7 @@ class NodeAgent:
                                  enabled=settings.watchdog)
         self._shutting_down = False
         self._session_gone = asyncio.Event()  # set whenever a session leaves this node
+        self.credential: str | None = None  # host-bound node credential from the broker; None = node token
 
     # ---- plumbing ------------------------------------------------------------------------
     @property
@@ -92,10 +105,26 @@ class NodeAgent:
     def _url(self, path: str) -> str:
         return self.s.broker_url.rstrip("/") + API_PREFIX + path
 
+    def _auth(self) -> dict[str, str]:
+        """Headers for a per-host call: this host's credential, or the node token until there is one."""
+        return {"Authorization": f"Bearer {self.credential or self.s.node_token}"}
+
+    def _take_credential(self, data: Any) -> None:
+        """Keep the ``node_credential`` a registration or heartbeat reply carries (if it is for this host)."""
+        cred = data.get("node_credential") if isinstance(data, dict) else None
+        if isinstance(cred, dict) and isinstance(cred.get("token"), str) and cred.get("host") == self.host_id:
+            self.credential = cred["token"]
+
+    def _credential_refused(self, what: str, status: int) -> None:
+        """A per-host call was refused for its credential: forget it if it is dead, and register again."""
+        log.warning("host %s: %s refused with %s: registering again", self.host_id, what, status)
+        if status == 401:
+            self.credential = None
+        self.registered.clear()
+
     async def run(self) -> None:
         """Run until ``stop()``: register, then heartbeat and follow commands."""
-        headers = {"Authorization": f"Bearer {self.s.node_token}"}
-        async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=15)) as http:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
             self._http = http
             inventory = await asyncio.to_thread(take_inventory, self.s.seats)
             self.gpus = inventory.gpus
@@ -120,7 +149,8 @@ class NodeAgent:
                 await self.stop_all("host retired by the broker" if self.retired else "node shutting down")
                 if not self.retired:  # a retired host is already deregistered
                     with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-                        await http.delete(self._url(f"/hosts/{self.host_id}"), params={"force": "true"})
+                        await http.delete(self._url(f"/hosts/{self.host_id}"), params={"force": "true"},
+                                          headers=self._auth())
             self._http = None
 
     def stop(self) -> None:
@@ -165,7 +195,9 @@ class NodeAgent:
         """Ask the broker to drain (no new sessions) or undrain this host; False when it did not answer yes."""
         path = f"/hosts/{self.host_id}/{'drain' if drained else 'undrain'}"
         try:
-            async with self.http.post(self._url(path), json={"reason": reason}) as r:
+            async with self.http.post(self._url(path), json={"reason": reason}, headers=self._auth()) as r:
+                if _refused(r.status):
+                    self._credential_refused(path, r.status)
                 if r.status == 200:
                     log.info("host %s: %s (%s)", self.host_id, "drained" if drained else "undrained", reason)
                     return True
@@ -189,11 +221,29 @@ class NodeAgent:
             "gpus": [g.to_wire() for g in self.gpus],
             "version": "render-node/0.1",
         }
-        async with self.http.post(self._url("/hosts"), json=body) as r:
+        if self.credential is not None:  # re-registering: prove it is this host with its own credential
+            async with self.http.post(self._url("/hosts"), json=body, headers=self._auth()) as r:
+                if r.status == 410:
+                    raise Retired(await r.text())
+                if r.status == 201:
+                    self._take_credential(await r.json())
+                    self._registered_now()
+                    return
+                if not _refused(r.status):
+                    raise RuntimeError(f"register failed: {r.status} {await r.text()}")
+                log.warning("host %s: credential refused on register (%s); using the node token", self.host_id,
+                            r.status)
+                self.credential = None
+        async with self.http.post(self._url("/hosts"), json=body,
+                                  headers={"Authorization": f"Bearer {self.s.node_token}"}) as r:
             if r.status == 410:
                 raise Retired(await r.text())
             if r.status != 201:
                 raise RuntimeError(f"register failed: {r.status} {await r.text()}")
+            self._take_credential(await r.json())
+        self._registered_now()
+
+    def _registered_now(self) -> None:
         self.registered.set()
         self.health.registered = True
         log.info("registered host %s in pool %s (%d GPU/seat group(s))", self.host_id, self.s.pool, len(self.gpus))
@@ -251,8 +301,12 @@ class NodeAgent:
             if self.runtime_config.gpu_render else [{"index": g.index} for g in self.gpus]
         body = {"gpus": gpus, "sessions": sessions}
         await self._watch(gpus)
-        async with self.http.put(self._url(f"/hosts/{self.host_id}/heartbeat"), json=body) as r:
+        async with self.http.put(self._url(f"/hosts/{self.host_id}/heartbeat"), json=body,
+                                 headers=self._auth()) as r:
             data = await r.json()
+            if _refused(r.status):
+                self._credential_refused("heartbeat", r.status)
+                raise RuntimeError(f"heartbeat refused: {r.status} {data}")
             if r.status == 410 and data.get("retired"):
                 raise Retired(str(data.get("detail", "host retired")))
             if r.status == 404 and data.get("reregister"):
@@ -260,6 +314,7 @@ class NodeAgent:
                 raise RuntimeError("broker forgot this host; registering again")
             if r.status != 200:
                 raise RuntimeError(f"heartbeat refused: {r.status} {data}")
+        self._take_credential(data)
         for cmd in data.get("start", []):
             self._start_session(cmd["session"])
         for sid in data.get("stop", []):
@@ -273,7 +328,7 @@ class NodeAgent:
                 await self.registered.wait()
                 ws_url = self._url(f"/hosts/{self.host_id}/commands").replace("http", "ws", 1)
                 async with self.http.ws_connect(
-                    ws_url, heartbeat=10.0, timeout=aiohttp.ClientWSTimeout(ws_close=5)
+                    ws_url, heartbeat=10.0, timeout=aiohttp.ClientWSTimeout(ws_close=5), headers=self._auth()
                 ) as ws:
                     backoff = 0.2
                     log.info("command socket open")
@@ -282,6 +337,11 @@ class NodeAgent:
                             await self._on_command(ws, json.loads(msg.data))
             except asyncio.CancelledError:
                 raise
+            except aiohttp.WSServerHandshakeError as exc:
+                if _refused(exc.status):
+                    self._credential_refused("command socket", exc.status)
+                else:
+                    log.warning("command socket refused: %s (retry in %.1f s)", exc, backoff)
             except Exception as exc:  # task boundary: reconnect with backoff
                 log.warning("command socket failed: %s (retry in %.1f s)", exc, backoff)
             await asyncio.sleep(backoff)
@@ -391,7 +451,10 @@ class NodeAgent:
     async def _report(self, sid: str, state: str, reason: str = "node_ended") -> None:
         with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
             async with self.http.put(
-                self._url(f"/hosts/{self.host_id}/sessions/{sid}/state"), json={"state": state, "reason": reason}
+                self._url(f"/hosts/{self.host_id}/sessions/{sid}/state"), json={"state": state, "reason": reason},
+                headers=self._auth(),
             ) as r:
-                if r.status >= 400:
+                if _refused(r.status):
+                    self._credential_refused(f"state report of {sid}", r.status)
+                elif r.status >= 400:
                     log.info("state %s for %s not accepted: %s", state, sid, await r.text())

@@ -26,7 +26,8 @@ SUBCOMMANDS = """subcommands:
 @dataclass(frozen=True)
 class NodeSettings:
     broker_url: str = opt("http://127.0.0.1:8080", "Broker base URL")
-    node_token: str = opt("", "Bearer token for node endpoints (the broker's node token)")
+    node_token: str = opt("", "The broker's shared node token: it only registers the host, which is then "
+                                "given a credential bound to its id")
     host_id: str = opt("", "This host's id (lowercase DNS label); empty = the machine's hostname")
     pool: str = opt("desktop", "Pool this node serves")
     address: str = opt("", "host:port shown to admins; empty = hostname")

@@ -116,7 +116,7 @@ async def test_warning_banner_then_max_duration_reason(redis_url: str, prefix: s
     async with broker_process(env, str(tmp_path / "broker.log")) as broker:
         base, api = broker.url, f"{broker.url}/api/v1"
         await call(http, "PUT", f"{api}/pools/short", ADMIN, {"max_sessions_per_gpu": 1, "max_duration_s": 4})
-        await call(http, "POST", f"{api}/hosts", NODE, {
+        reg = await call(http, "POST", f"{api}/hosts", NODE, {
             "id": "short-h0", "pool": "short", "address": "127.0.0.1:7000", "gpus": [{"index": 0, "vram_mb": 8192}]})
         page = await browser.new_page()
         errors = page_errors(page)
@@ -127,7 +127,8 @@ async def test_warning_banner_then_max_duration_reason(redis_url: str, prefix: s
         await page.locator('body[data-session-state="starting"]').wait_for()
         sid = await page.evaluate("window.renderBroker.sessionId")
         # act as the node: the session runs, so the reaper warns before max duration ends it
-        await call(http, "PUT", f"{api}/hosts/short-h0/sessions/{sid}/state", NODE, {"state": "running"})
+        await call(http, "PUT", f"{api}/hosts/short-h0/sessions/{sid}/state", reg["node_credential"]["token"],
+                   {"state": "running"})
         banner = page.locator("#banner")
         await banner.wait_for()
         assert "maximum duration" in await banner.inner_text()

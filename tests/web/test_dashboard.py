@@ -53,7 +53,7 @@ async def setup_broker(http: aiohttp.ClientSession, base: str) -> tuple[str, str
         "description": "Blender and CAD workstations"})
     await call(http, "PUT", f"{api}/pools/arcade", ADMIN, {"kind": "game", "max_sessions_per_gpu": 1,
                                                            "strategy": "depth-first"})
-    await call(http, "POST", f"{api}/hosts", NODE, {
+    reg = await call(http, "POST", f"{api}/hosts", NODE, {
         "id": HOST, "pool": "studio", "address": "10.0.0.7:7000", "version": "0.1.0",
         "gpus": [{"index": 0, "model": "NVIDIA L4", "vram_mb": 23034, "encoder_session_limit": None, "nvenc": True},
                  {"index": 1, "model": "NVIDIA L4", "vram_mb": 23034, "encoder_session_limit": None, "nvenc": True}]})
@@ -67,8 +67,9 @@ async def setup_broker(http: aiohttp.ClientSession, base: str) -> tuple[str, str
     s = await call(http, "POST", f"{api}/sessions", alice, {"pool": "studio", "profile": {"width": 1920,
                                                                                           "height": 1080, "fps": 60}})
     assert s["state"] == "starting" and s["host"] == HOST
-    await call(http, "PUT", f"{api}/hosts/{HOST}/sessions/{s['id']}/state", NODE, {"state": "running"})
-    await call(http, "PUT", f"{api}/hosts/{HOST}/heartbeat", NODE, {
+    node = reg["node_credential"]["token"]  # the host's own credential: the node token only registers
+    await call(http, "PUT", f"{api}/hosts/{HOST}/sessions/{s['id']}/state", node, {"state": "running"})
+    await call(http, "PUT", f"{api}/hosts/{HOST}/heartbeat", node, {
         "cpu_percent": 37.5,
         "gpus": [{"index": 0, "utilization": 63, "vram_used_mb": 6900, "vram_total_mb": 22491,
                   "encoder_utilization": 41, "encoder_sessions": 1, "encoder_fps": 60, "temperature_c": 66,
