@@ -23,7 +23,7 @@ API_PREFIX: Final = "/api/v1"
 # data channels).  Raised by one for every change a client can observe, compatible additions
 # included; docs/protocol.md's change log says what changed and whether it breaks old clients.
 # tests/web/test_protocol_doc.py checks that the document states this number.
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 
 
 class SessionState(StrEnum):
@@ -100,6 +100,22 @@ class SignalType(StrEnum):
 SIGNAL_MAX_BYTES: Final = 64 * 1024  # an SDP with many candidates stays far below this
 
 
+class SignalError(StrEnum):
+    """``code`` of a signaling ``error`` message (``{"type":"error","code":...,"detail":...}``)."""
+
+    BAD_SIGNAL = "bad_signal"  # broker: not a JSON object with a known type
+    NOT_RUNNING = "not_running"  # node: the session's runtime is not running (yet); offer again
+    BAD_OFFER = "bad_offer"  # node: no sdp, or aiortc refused the offer
+    BAD_SDP = "bad_sdp"  # node: the SDP does not parse
+    NO_VIDEO = "no_video"  # node: no video section that can receive
+    # node: no offered video codec the node can send; the message also lists "offered" and "accepted"
+    NO_COMMON_CODEC = "no_common_codec"
+    NO_ENCODER = "no_encoder"  # node: no working encoder for the codecs the offer accepts
+    BAD_CANDIDATE = "bad_candidate"  # reserved: a malformed candidate is dropped and logged
+    ICE_FAILED = "ice_failed"  # node, after an answer: ICE failed (before connecting, or consent lost)
+    DTLS_FAILED = "dtls_failed"  # node, after an answer: ICE connected, the DTLS handshake failed
+
+
 # --- data channel (viewer <-> node) -------------------------------------------------
 INPUT_CHANNEL_LABEL: Final = "input"
 # A second, optional channel the viewer opens unordered with maxRetransmits 0: the node's delay
@@ -173,6 +189,7 @@ def all_constants() -> dict[str, dict[str, str]]:
         PlacementStrategy,
         PoolKind,
         SignalType,
+        SignalError,
         InputType,
         NodeEventType,
         NodeCommand,

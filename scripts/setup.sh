@@ -11,7 +11,11 @@ DEB_PACKAGES=(xvfb openbox xterm xdotool x11-utils xclip chromium iproute2 iptab
   gcc libc6-dev python3-dev libnetfilter-queue-dev
   libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri libgles2  # EGL + llvmpipe: the game's GL renderer without a GPU
   prometheus  # promtool: tests/infra/test_monitoring.py checks and unit-tests the alert rules
-  coturn)  # TURN server: tests/netem/test_turn.py relays sessions through it (its daemon is not enabled)
+  coturn  # TURN server: tests/netem/test_turn.py relays sessions through it (its daemon is not enabled)
+  # GStreamer 1.22 webrtcbin + the system Python's gi bindings: tests/streamer/media/test_webrtcbin_e2e.py
+  # streams to a native (non-browser) WebRTC client, as a third-party client author would build one
+  python3-gi gir1.2-gstreamer-1.0 gir1.2-gst-plugins-base-1.0 gir1.2-gst-plugins-bad-1.0
+  gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-nice gstreamer1.0-libav)
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -24,7 +24,7 @@
 // used: after the node reports "running" (nodeReady), after a "not_running" error, on the node's
 // peer_joined, or for a session already running after a long silence.
 
-import { INPUT_CHANNEL_LABEL, SignalType } from "./protocol.js";
+import { INPUT_CHANNEL_LABEL, SignalError, SignalType } from "./protocol.js";
 import { withToken, wsUrl } from "./common.js";
 import { answerProbes } from "./probe.js";
 import { PlayoutControl, negotiatePlayoutDelay } from "./playout.js";
@@ -204,13 +204,18 @@ export class PeerLink {
         this.o.on.bye(msg.reason || null);
         break;
       case SignalType.ERROR:
-        if (msg.code === "not_running" && !this.answered) {
+        if (msg.code === SignalError.NOT_RUNNING && !this.answered) {
           // the node is still starting the session: its "running" report (nodeReady) re-sends
           this.resendWhenRunning = true;
           if (!this.o.starting()) this.schedule(NOT_RUNNING_RETRY_MS);
           break;
         }
         this.o.on.signalError(msg);
+        if ((msg.code === SignalError.ICE_FAILED || msg.code === SignalError.DTLS_FAILED) && this.answered) {
+          // the node dropped this connection (its detail says why): fail now rather than wait for our
+          // own ICE consent checks to notice, so the owner reconnects with a new peer connection
+          this.o.on.state("failed");
+        }
         break;
       default:
         break;

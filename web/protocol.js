@@ -11,7 +11,7 @@
 export const API_PREFIX = "/api/v1";
 
 // the client protocol version docs/protocol.md describes
-export const PROTOCOL_VERSION = 1;
+export const PROTOCOL_VERSION = 2;
 
 // ---- session lifecycle --------------------------------------------------------------
 
@@ -78,6 +78,20 @@ export const SignalType = Object.freeze({
 });
 
 export const SIGNAL_MAX_BYTES = 65536;
+
+// `code` of a signaling error message
+export const SignalError = Object.freeze({
+  "BAD_SIGNAL": "bad_signal",
+  "NOT_RUNNING": "not_running",
+  "BAD_OFFER": "bad_offer",
+  "BAD_SDP": "bad_sdp",
+  "NO_VIDEO": "no_video",
+  "NO_COMMON_CODEC": "no_common_codec",
+  "NO_ENCODER": "no_encoder",
+  "BAD_CANDIDATE": "bad_candidate",
+  "ICE_FAILED": "ice_failed",
+  "DTLS_FAILED": "dtls_failed"
+});
 
 // ---- data channel (viewer <-> node) ----------------------------------------------------
 

@@ -47,6 +47,12 @@ aiortc seams used (aiortc 1.16 / aioice 0.13, no vendored copies):
   override ``_send_chunk(chunk)`` (aiortc calls it for every chunk it puts on
   the wire), which reports when each probe actually left, so the probe's round
   trip starts there (``streamer.media.probe``).
+- DTLS role: aiortc answers ``a=setup:actpass`` with ``active`` and its DTLS offers
+  ECDHE-ECDSA suites only, so a viewer with an RSA certificate (GStreamer's webrtcbin)
+  failed as the DTLS server with "no shared cipher".  ``answer_dtls_passive`` answers
+  ``passive`` instead (the node is the server with its ECDSA certificate), through the
+  public ``setLocalDescription``; a failed ICE or DTLS transport is explained by
+  ``ViewerPeer.failure`` from the public transport states.
 - Round-trip time, jitter and loss are read through the public
   ``RTCRtpSender.getStats()`` (``remote-inbound-rtp``).
 - Playout delay: the viewer's jitter buffer is told to hold nothing (the RTP
@@ -75,9 +81,9 @@ Invariants:
   those addresses (plus server-reflexive/relay ones from configured servers);
 - RTCP feedback is reported after aiortc has handled the packet itself.
 
-Size: about 810 lines on purpose: every seam into aiortc's private API (feedback sender, retransmission
-limit, playout-delay extension, probe channel) is kept in this one module, to be re-read together
-when aiortc is upgraded.
+Size: about 960 lines on purpose: every seam into aiortc's private API (feedback sender, retransmission
+limit, playout-delay extension, probe channel) and every answer-side interop choice (DTLS role, codec
+matching, early candidates) is kept in this one module, to be re-read together when aiortc is upgraded.
 """
 
 from __future__ import annotations
@@ -86,6 +92,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, cast
@@ -97,6 +104,7 @@ from aiortc import (
     MediaStreamTrack,
     RTCConfiguration,
     RTCDataChannel,
+    RTCDtlsTransport,
     RTCIceCandidate,
     RTCIceServer,
     RTCPeerConnection,
@@ -124,7 +132,7 @@ from aiortc.rtp import (
     unpack_header_extensions,
     unpack_remb_fci,
 )
-from aiortc.sdp import SessionDescription, candidate_from_sdp
+from aiortc.sdp import DTLS_ROLE_SETUP, H264Profile, SessionDescription, candidate_from_sdp, parse_h264_profile_level_id
 
 from broker.protocol import INPUT_CHANNEL_LABEL, PROBE_CHANNEL_LABEL
 from streamer.desktop.inputs import ProbeAck, parse_input
@@ -142,15 +150,38 @@ aiortc_sender.RTP_HISTORY_SIZE = max(aiortc_sender.RTP_HISTORY_SIZE, RETRANSMIT_
 # the encoder emits constrained baseline (42e01f), which is also valid baseline (42001f).
 H264_PROFILE_PREFERENCE: Final = ("42e01f", "42001f")
 VIDEO_RECEIVE_DIRECTIONS: Final = frozenset({"recvonly", "sendrecv"})  # offer directions that can take our video
+# candidate messages held from before their offer (a viewer trickling early); more are dropped
+EARLY_CANDIDATES_MAX: Final = 64
+
+
+# What parse_offer accepts (aiortc's codec matching: the H.264 profile and packetization mode must
+# equal one aiortc sends; the level is not compared), as no_common_codec states it to the viewer.
+ACCEPTED_VIDEO_CODECS: Final = (
+    "H264 Constrained Baseline (profile-level-id 42e0xx or 42c0xx) packetization-mode=1",
+    "H264 Baseline (profile-level-id 4200xx) packetization-mode=1",
+    "VP8",
+)
+_H264_PROFILE_NAMES: Final = {
+    H264Profile.PROFILE_CONSTRAINED_BASELINE: "Constrained Baseline",
+    H264Profile.PROFILE_BASELINE: "Baseline",
+    H264Profile.PROFILE_MAIN: "Main",
+    H264Profile.PROFILE_CONSTRAINED_HIGH: "Constrained High",
+    H264Profile.PROFILE_HIGH: "High",
+    H264Profile.PROFILE_PREDICTIVE_HIGH_444: "High 4:4:4 Predictive",
+}
 
 
 class OfferError(ValueError):
-    """The viewer's offer (or candidate) cannot be used; ``code`` is stable, the message says why."""
+    """The viewer's offer (or candidate) cannot be used; ``code`` is stable, the message says why.
 
-    def __init__(self, code: str, detail: str) -> None:
+    ``fields``: extra members of the signaling ``error`` message (e.g. ``offered``/``accepted`` lists).
+    """
+
+    def __init__(self, code: str, detail: str, **fields: Any) -> None:
         super().__init__(detail)
         self.code = code
         self.detail = detail
+        self.fields = fields
 
 
 # --- configuration ----------------------------------------------------------------------
@@ -278,9 +309,31 @@ def parse_offer(sdp: str) -> OfferInfo:
     common = find_common_codecs(local, video.rtp.codecs)
     names = frozenset(c.name.upper() for c in common if c.name.lower() != "rtx")
     if not names:
-        offered = sorted({c.name for c in video.rtp.codecs})
-        raise OfferError("no_common_codec", f"the offer's video codecs {offered} are none aiortc can send")
+        offered = list(dict.fromkeys(describe_codec(c) for c in video.rtp.codecs if c.name.lower() != "rtx"))
+        raise OfferError(
+            "no_common_codec",
+            f"the offer's video codecs are none the node can send: offered {'; '.join(offered) or 'none'}; "
+            f"accepted {'; '.join(ACCEPTED_VIDEO_CODECS)}",
+            offered=offered,
+            accepted=list(ACCEPTED_VIDEO_CODECS),
+        )
     return OfferInfo(video_codecs=names, has_input_channel=any(m.kind == "application" for m in description.media))
+
+
+def describe_codec(codec: RTCRtpCodecParameters) -> str:
+    """An offered codec as a client author reads it: ``H264 High 640c1f packetization-mode=0``, ``VP9``.
+
+    H.264 names the profile aiortc reads from ``profile-level-id`` (absent = ``42e01f``, as aiortc
+    assumes) and the packetization mode (absent = 0, RFC 6184).
+    """
+    if codec.name.lower() != "h264":
+        return str(codec.name)
+    level_id = str(codec.parameters.get("profile-level-id", "42e01f")).lower()
+    try:
+        profile = _H264_PROFILE_NAMES[parse_h264_profile_level_id(level_id)[0]]
+    except ValueError:
+        profile = "unknown profile"
+    return f"H264 {profile} {level_id} packetization-mode={codec.parameters.get('packetization-mode', 0)}"
 
 
 def _codec_parameters(capability: RTCRtpCodecCapability) -> RTCRtpCodecParameters:
@@ -347,6 +400,91 @@ def candidate_from_signal(msg: Mapping[str, Any]) -> RTCIceCandidate | None:
     candidate.sdpMid = str(mid) if mid is not None else None
     candidate.sdpMLineIndex = int(index) if isinstance(index, int) else None
     return candidate
+
+
+def candidate_ufrag(msg: Mapping[str, Any]) -> str | None:
+    """The ICE username fragment a ``candidate`` message names: its ``usernameFragment`` field
+    (``RTCIceCandidate.toJSON()``) or the candidate line's ``ufrag`` attribute; None when neither."""
+    ufrag = msg.get("usernameFragment")
+    if isinstance(ufrag, str) and ufrag:
+        return ufrag
+    text = msg.get("candidate")
+    if isinstance(text, str):
+        tokens = text.split()
+        for i, token in enumerate(tokens[:-1]):
+            if token == "ufrag" and i >= 7:  # after the 8 fixed fields (foundation .. typ type)
+                return tokens[i + 1]
+    return None
+
+
+def offer_ice_ufrag(sdp: str) -> str | None:
+    """The ICE username fragment of an SDP's first section that has one."""
+    for media in SessionDescription.parse(sdp).media:
+        if media.ice is not None and media.ice.usernameFragment:
+            return str(media.ice.usernameFragment)
+    return None
+
+
+# --- DTLS roles ---------------------------------------------------------------------------
+
+
+def answer_dtls_passive(answer_sdp: str, offer_sdp: str) -> str:
+    """``answer_sdp`` with ``a=setup:passive`` in each section whose offer said ``a=setup:actpass``.
+
+    Why: aiortc answers ``actpass`` with ``active`` (the node is the DTLS client, the viewer the
+    server with its own certificate), and aiortc's DTLS offers ECDHE-ECDSA suites only, so a
+    viewer whose certificate is RSA (GStreamer's webrtcbin by default) fails the handshake with
+    "no shared cipher".  As the DTLS server the node presents its ECDSA certificate, which every
+    WebRTC stack can use (RFC 8827 requires TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256), and the
+    viewer's RSA certificate is only a client certificate.  aiortc takes its role from the
+    answer given to ``setLocalDescription``, so this is public API; widening the cipher list
+    instead would mean overriding aiortc's private ``RTCCertificate._create_ssl_context``.
+    Sections offered ``active`` are already answered ``passive``; ``passive`` offers keep ``active``.
+    """
+    offered = [m.dtls.role if m.dtls is not None else None for m in SessionDescription.parse(offer_sdp).media]
+    head, *sections = answer_sdp.split("\r\nm=")
+    for i, section in enumerate(sections):
+        if i < len(offered) and offered[i] == "auto":
+            lines = ["a=setup:passive" if line == "a=setup:active" else line for line in section.split("\r\n")]
+            sections[i] = "\r\n".join(lines)
+    return "\r\nm=".join([head, *sections])
+
+
+def offered_dtls_setup(offer_sdp: str) -> str | None:
+    """The ``a=setup`` value of an offer's first section that states one (``actpass``, ``active``, ``passive``)."""
+    for media in SessionDescription.parse(offer_sdp).media:
+        if media.dtls is not None and media.dtls.role is not None:
+            return DTLS_ROLE_SETUP[media.dtls.role]
+    return None
+
+
+def answered_dtls_role(answer_sdp: str) -> str | None:
+    """The node's DTLS role an answer states (first section): ``server`` (passive) or ``client`` (active)."""
+    for media in SessionDescription.parse(answer_sdp).media:
+        if media.dtls is not None and media.dtls.role in ("client", "server"):
+            return str(media.dtls.role)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class PeerFailure:
+    """Why a viewer connection failed: ``stage`` ``ice`` or ``dtls``; ``detail`` for the viewer."""
+
+    stage: str
+    detail: str
+
+
+def _dtls_transports(pc: RTCPeerConnection) -> list[RTCDtlsTransport]:
+    transports: dict[int, RTCDtlsTransport] = {}
+    for transceiver in pc.getTransceivers():
+        transports[id(transceiver.receiver.transport)] = transceiver.receiver.transport
+    if pc.sctp is not None:
+        transports[id(pc.sctp.transport)] = pc.sctp.transport
+    return list(transports.values())
+
+
+def _count_text(counts: Counter[str]) -> str:
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "none"
 
 
 # --- playout delay ------------------------------------------------------------------------
@@ -642,6 +780,11 @@ class ViewerPeer:
         self._probe_task: asyncio.Task[None] | None = None
         self._close_task: asyncio.Future[None] | None = None
         self.codec: str | None = None  # codec name the answer selected
+        self.dtls_role: str | None = None  # the node's DTLS role once answered: "server" (passive) or "client"
+        self.remote_ufrag: str | None = None  # the offer's ICE username fragment
+        self.offered_setup: str | None = None  # the offer's a=setup value (first section)
+        self.early_candidates = 0  # candidates from before the offer that were added
+        self._connected_at: float | None = None  # monotonic s when the connection first reached connected
         self.playout_delay = False  # the answer has the playout-delay extension: set_playout_delay works
         self.pc = RTCPeerConnection(rtc_configuration(settings.ice_servers))
         self.pc.on("connectionstatechange", self._state_changed)
@@ -655,25 +798,97 @@ class ViewerPeer:
     def channel_open(self) -> bool:
         return self._channel is not None and self._channel.readyState == "open"
 
-    async def answer(self, offer_sdp: str, webrtc_codec: str) -> str:
-        """Apply the viewer's offer and return our answer SDP (candidates included)."""
+    async def answer(
+        self, offer_sdp: str, webrtc_codec: str, early_candidates: Sequence[Mapping[str, Any]] = ()
+    ) -> str:
+        """Apply the viewer's offer and return our answer SDP (candidates included).
+
+        ``early_candidates``: ``candidate`` messages the viewer trickled before this offer; they are
+        added once the offer is applied (those naming another ICE ufrag are skipped, malformed ones
+        dropped; both logged).  The answer makes the node the DTLS server where the offer lets it
+        choose (``answer_dtls_passive``).
+        """
         transceiver = self.pc.addTransceiver(self._track, direction="sendonly")
         transceiver.setCodecPreferences(codec_preferences(webrtc_codec))
         self._sender = FeedbackSender.adopt(transceiver.sender, self._feedback, self._retransmits)
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
         if transceiver.mid is None:
             raise OfferError("no_video", "the offer's video section did not match our sending transceiver")
+        self.remote_ufrag = offer_ice_ufrag(offer_sdp)
+        self.offered_setup = offered_dtls_setup(offer_sdp)
+        for msg in early_candidates:
+            await self.add_candidate(msg, early=True)
         if self._settings.playout_delay:
             self.playout_delay = enable_playout_delay(transceiver, offer_sdp, PlayoutDelay())
         advertise_host_addresses(self.pc, self._settings.advertise_addresses)
-        await self.pc.setLocalDescription(await self.pc.createAnswer())
+        answer = await self.pc.createAnswer()
+        answer_sdp = answer_dtls_passive(answer.sdp, offer_sdp)
+        await self.pc.setLocalDescription(RTCSessionDescription(sdp=answer_sdp, type="answer"))
         answer_sdp = str(self.pc.localDescription.sdp)
+        self.dtls_role = answered_dtls_role(answer_sdp)
         self.codec = answered_video_codec(answer_sdp)
         return answer_sdp
 
-    async def add_candidate(self, msg: Mapping[str, Any]) -> None:
-        """Add a trickled remote candidate (``OfferError`` if malformed)."""
-        await self.pc.addIceCandidate(candidate_from_signal(msg))
+    async def add_candidate(self, msg: Mapping[str, Any], *, early: bool = False) -> bool:
+        """Add a trickled remote candidate; False when it names another ICE ufrag than the offer's.
+
+        Raises ``OfferError`` if malformed, unless ``early`` (a candidate held from before the
+        offer: logged and dropped, as there is nobody to answer any more).
+        """
+        ufrag = candidate_ufrag(msg)
+        if ufrag is not None and self.remote_ufrag is not None and ufrag != self.remote_ufrag:
+            log.info("candidate for ICE ufrag %r, the offer's is %r: not added", ufrag, self.remote_ufrag)
+            return False
+        try:
+            await self.pc.addIceCandidate(candidate_from_signal(msg))
+        except (OfferError, ValueError) as exc:
+            if not early:
+                raise
+            log.info("a candidate sent before the offer does not apply: %r", exc)
+            return False
+        if early:
+            self.early_candidates += 1
+        return True
+
+    def failure(self) -> PeerFailure | None:
+        """Why the connection failed (ICE or DTLS, with what a viewer can act on); None if nothing failed.
+
+        Read from aiortc's public transport states (``RTCIceTransport.state``,
+        ``RTCDtlsTransport.state``); ICE first, as a DTLS transport over a failed ICE fails too.
+        """
+        dtls = _dtls_transports(self.pc)
+        ice = [t.transport for t in dtls]
+        if any(t.state == "failed" for t in ice):
+            local = Counter(c.type for t in ice for c in t.iceGatherer.getLocalCandidates())
+            remote = Counter(c.type for t in ice for c in t.getRemoteCandidates())
+            when = (
+                f"after {time.monotonic() - self._connected_at:.1f} s connected (consent lost: the viewer went away)"
+                if self._connected_at is not None
+                else "before connecting: no candidate pair answered"
+            )
+            return PeerFailure(
+                "ice",
+                f"ICE failed {when}; node candidates {_count_text(local)}, viewer candidates "
+                f"{_count_text(remote)}. Use the session's ICE servers as given (a TURN relay when "
+                "the node is not reachable directly) and send every candidate, in the offer or trickled",
+            )
+        if any(t.state == "failed" for t in dtls):
+            if self.dtls_role == "client":
+                detail = (
+                    f"DTLS handshake failed after ICE connected. The node was the DTLS client (the offer said "
+                    f"a=setup:{self.offered_setup}); it offers only ECDHE-ECDSA cipher suites with its ECDSA "
+                    "P-256 certificate, so a viewer whose certificate is RSA fails with 'no shared cipher'. "
+                    "Offer a=setup:actpass (the node then is the DTLS server) or use an ECDSA certificate"
+                )
+            else:
+                detail = (
+                    "DTLS handshake failed after ICE connected. The node was the DTLS server (ECDSA P-256 "
+                    "certificate, ECDHE-ECDSA cipher suites, DTLS-SRTP AEAD_AES_256_GCM, AEAD_AES_128_GCM or "
+                    "AES128_CM_SHA1_80): the viewer needs TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256 (RFC 8827), "
+                    "one of those SRTP profiles, and an a=fingerprint that matches its certificate"
+                )
+            return PeerFailure("dtls", detail)
+        return None
 
     def send_event(self, payload: Mapping[str, Any]) -> bool:
         """Send a node event (``NodeEventType``) on the input channel; False if it is not open."""
@@ -748,6 +963,8 @@ class ViewerPeer:
     # -- aiortc callbacks ------------------------------------------------------------------
 
     def _state_changed(self) -> None:
+        if self.connection_state == "connected" and self._connected_at is None:
+            self._connected_at = time.monotonic()
         self._on_state(self, self.connection_state)
 
     def _datachannel(self, channel: RTCDataChannel) -> None:

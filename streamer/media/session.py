@@ -21,6 +21,8 @@ Events (``on_event(name, info)``, delivered in order from one task):
 - ``"connected"``: a viewer's connection reached ``connected``;
 - ``"disconnected"``: that viewer went away (bye, peer_left, failed/closed,
   or replaced by a new offer) and the session keeps running;
+- ``"signal"``: ``{"msg": {...}}``, a signaling message for the viewer that answers nothing it
+  sent (today: an ``error`` ``ice_failed``/``dtls_failed`` when its connection failed);
 - ``"ended"``: the runtime ended *by itself* (the app exited, the frame
   pipeline failed); it also stops itself.  ``stop()`` called by the owner
   emits nothing, and no event is emitted once stopping has begun.
@@ -88,11 +90,13 @@ from streamer.desktop.display import DisplayConfig, VirtualDisplay, app_env, gpu
 from streamer.desktop.game import Game
 from streamer.desktop.inputsink import GameSource, InputRouter, XInputSink, wall_clock_ms
 from streamer.media.peer import (
+    EARLY_CANDIDATES_MAX,
     OfferError,
     PeerSettings,
     PlayoutDelay,
     RemoteFeedback,
     ViewerPeer,
+    candidate_ufrag,
     parse_offer,
     rtc_configuration,
 )
@@ -333,6 +337,8 @@ class SessionRuntime:
         self._connected = False
         self._viewers = 0
         self._signal_lock = asyncio.Lock()
+        # candidate messages trickled before the offer they belong to (signaling): applied by the next offer
+        self._early_candidates: list[Mapping[str, Any]] = []
         self._tasks: set[asyncio.Task[Any]] = set()  # cancelled on teardown: control loop, app watch
         self._peer_tasks: set[asyncio.Task[Any]] = set()  # awaited on teardown: closing a lost viewer
         self._self_stop: asyncio.Task[None] | None = None
@@ -411,6 +417,7 @@ class SessionRuntime:
             if kind == SignalType.CANDIDATE:
                 await self._on_candidate(msg)
             elif kind in (SignalType.BYE, SignalType.PEER_LEFT):
+                self._early_candidates.clear()  # the viewer left: its next offer brings its own
                 await self._drop_peer(str(kind))
             elif kind == SignalType.ERROR:
                 log.warning("session %s: signaling error from the broker: %s", self.spec.id, dict(msg))
@@ -631,6 +638,7 @@ class SessionRuntime:
         if self._state != "running" or self._pipeline is None or self._router is None:
             return [_error("not_running", f"session {self.spec.id} is {self._state}")]
         sdp = msg.get("sdp")
+        early, self._early_candidates = self._early_candidates, []
         if not isinstance(sdp, str) or not sdp:
             return [_error("bad_offer", "offer without 'sdp'")]
         try:
@@ -642,7 +650,8 @@ class SessionRuntime:
                 peer_codecs=offer.video_codecs,
             )
         except OfferError as exc:
-            return [_error(exc.code, exc.detail)]
+            log.info("session %s: offer refused: %s: %s", self.spec.id, exc.code, exc.detail)
+            return [_error(exc.code, exc.detail, **exc.fields)]
         except NoEncoderError as exc:
             return [_error(exc.code, str(exc))]
         await self._drop_peer("replaced")
@@ -662,7 +671,7 @@ class SessionRuntime:
             on_keyframe_request=self._keyframe_requested,
         )  # ice_servers were validated by start()
         try:
-            answer = await peer.answer(sdp, selection.backend.webrtc_codec)
+            answer = await peer.answer(sdp, selection.backend.webrtc_codec, early)
         except Exception as exc:  # boundary: a viewer's SDP must never take the session down
             log.warning("session %s: offer rejected: %r", self.spec.id, exc)
             await peer.close()
@@ -672,12 +681,23 @@ class SessionRuntime:
         self._playout = None
         self._pipeline.attach(track)
         self._control_task = self._spawn(self._control_loop(peer, controller))
-        log.info("session %s: answered a viewer with %s (%s)", self.spec.id, peer.codec, selection.backend.name)
+        log.info("session %s: answered a viewer with %s (%s), node is DTLS %s, %d of %d early candidates added",
+                 self.spec.id, peer.codec, selection.backend.name, peer.dtls_role, peer.early_candidates, len(early))
         return [{"type": SignalType.ANSWER.value, "sdp": answer}]
 
     async def _on_candidate(self, msg: Mapping[str, Any]) -> None:
-        if self._peer is None:
-            log.debug("session %s: candidate without a viewer connection, dropped", self.spec.id)
+        """Add a trickled candidate to the viewer's connection, or hold it for the offer it precedes.
+
+        Held: when there is no connection yet, or when the candidate names an ICE ufrag other than
+        the current connection's offer (the viewer's next offer).  At most ``EARLY_CANDIDATES_MAX``.
+        """
+        ufrag = candidate_ufrag(msg)
+        if self._peer is None or (ufrag is not None and ufrag != self._peer.remote_ufrag):
+            if len(self._early_candidates) >= EARLY_CANDIDATES_MAX:
+                log.info("session %s: over %d candidates before an offer, dropped", self.spec.id,
+                         EARLY_CANDIDATES_MAX)
+                return
+            self._early_candidates.append(dict(msg))
             return
         try:
             await self._peer.add_candidate(msg)
@@ -713,9 +733,23 @@ class SessionRuntime:
             self._viewers += 1
             self._emit("connected", {"viewer": self._viewers, "codec": peer.codec, "encoder": self._encoder_name()})
         elif state in ("failed", "closed"):
+            if state == "failed":
+                self._peer_failed(peer)
             task = asyncio.ensure_future(self._peer_lost(peer, state))
             self._peer_tasks.add(task)
             task.add_done_callback(self._peer_tasks.discard)
+
+    def _peer_failed(self, peer: ViewerPeer) -> None:
+        """The viewer's connection failed: log why and send the viewer an ``error`` (a ``signal`` event)."""
+        failure = peer.failure()
+        if failure is not None and failure.stage == "dtls":
+            msg = _error("dtls_failed", failure.detail)
+        elif failure is not None:
+            msg = _error("ice_failed", failure.detail)
+        else:
+            msg = _error("ice_failed", "the connection failed (no failed ICE or DTLS transport found)")
+        log.warning("session %s: viewer connection failed: %s: %s", self.spec.id, msg["code"], msg["detail"])
+        self._emit("signal", {"msg": msg})
 
     async def _peer_lost(self, peer: ViewerPeer, state: str) -> None:
         async with self._signal_lock:
@@ -977,5 +1011,5 @@ class SessionRuntime:
                 log.exception("session %s: on_event(%r) failed", self.spec.id, name)
 
 
-def _error(code: str, detail: str) -> dict[str, Any]:
-    return {"type": SignalType.ERROR.value, "code": code, "detail": detail}
+def _error(code: str, detail: str, **fields: Any) -> dict[str, Any]:
+    return {"type": SignalType.ERROR.value, "code": code, "detail": detail, **fields}

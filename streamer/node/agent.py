@@ -87,6 +87,7 @@ class NodeAgent:
             capture_backend=settings.capture,
             game_renderer=settings.game_renderer,
         )
+        self._commands: aiohttp.ClientWebSocketResponse | None = None  # the open command socket, if any
         self._telemetry = GpuTelemetry()
         self.health = NodeHealth(Limits(max_temp_c=settings.watchdog_max_temp_c,
                                         max_loop_lag_ms=settings.watchdog_max_loop_lag_ms,
@@ -332,9 +333,13 @@ class NodeAgent:
                 ) as ws:
                     backoff = 0.2
                     log.info("command socket open")
-                    async for msg in ws:
-                        if msg.type == aiohttp.WSMsgType.TEXT:
-                            await self._on_command(ws, json.loads(msg.data))
+                    self._commands = ws
+                    try:
+                        async for msg in ws:
+                            if msg.type == aiohttp.WSMsgType.TEXT:
+                                await self._on_command(ws, json.loads(msg.data))
+                    finally:
+                        self._commands = None
             except asyncio.CancelledError:
                 raise
             except aiohttp.WSServerHandshakeError as exc:
@@ -431,6 +436,13 @@ class NodeAgent:
             await self._report(sid, "running")
         elif event == "disconnected":
             await self._report(sid, "disconnected")
+        elif event == "signal":  # a message for the viewer that answers nothing it sent (ice_failed, dtls_failed)
+            ws = self._commands
+            if ws is None or ws.closed:
+                log.info("session %s: no command socket, signaling message not sent: %s", sid, info.get("msg"))
+                return
+            with contextlib.suppress(aiohttp.ClientError, ConnectionError, RuntimeError):
+                await ws.send_json({"cmd": NodeCommand.SIGNAL.value, "session_id": sid, "msg": info["msg"]})
         elif event == "ended":
             if info.get("reason") == "capture_failed":  # the frame pipeline (capture or encoder) gave up
                 self.health.session_failures += 1

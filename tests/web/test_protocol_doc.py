@@ -13,7 +13,8 @@ Checked against ``broker/protocol.py`` (as ``test_protocol_sync.py`` checks web/
 - the error codes a client meets outside ``broker.protocol`` (``broker.errors`` problem codes, the
   node's and the broker's signaling error codes, warning codes) are documented too; the ones in
   node code are found by reading the sources, and a scan that finds fewer than the known codes
-  fails rather than passing vacuously;
+  fails rather than passing vacuously; the signaling error codes found equal
+  ``broker.protocol.SignalError``;
 - every in-page link points at a heading.
 
 Failures name what is missing, so the fix is to add it to docs/protocol.md (or to correct it).
@@ -50,7 +51,8 @@ SIGNAL_ERROR_SOURCES: tuple[tuple[str, str], ...] = (
     ("streamer/media/session.py", r'_error\(\s*"([a-z_]+)"'),
     ("encoder/select.py", r'class NoEncoderError\b.*?\bcode = "([a-z_]+)"'),
 )
-SIGNAL_ERRORS_KNOWN = frozenset({"bad_signal", "not_running", "bad_offer", "no_common_codec", "no_encoder"})
+SIGNAL_ERRORS_KNOWN = frozenset({"bad_signal", "not_running", "bad_offer", "no_common_codec", "no_encoder",
+                                 "ice_failed", "dtls_failed"})
 WARNING_SOURCES: tuple[tuple[str, str], ...] = (
     ("broker/service.py", r'self\.warn\(\s*\w+,\s*"([a-z_]+)"'),
     ("broker/autoscale/scaler.py", r'WARNING_CODE(?::\s*Final)?\s*=\s*"([a-z_]+)"'),
@@ -271,6 +273,9 @@ def test_problem_codes_table() -> None:
 def test_signaling_error_codes_table() -> None:
     found = scan(SIGNAL_ERROR_SOURCES)
     assert SIGNAL_ERRORS_KNOWN <= found, f"the source scan missed {sorted(SIGNAL_ERRORS_KNOWN - found)}: update it"
+    declared = {c.value for c in protocol.SignalError}
+    assert found == declared, (f"signaling error codes in the sources {sorted(found)} != broker.protocol.SignalError "
+                               f"{sorted(declared)}: add the new code to SignalError (and web/protocol.js)")
     assert_table("Signaling error codes", 3, found, f"the codes in {[s for s, _ in SIGNAL_ERROR_SOURCES]}",
                  parent="Errors")
 

@@ -29,8 +29,11 @@ from streamer.media.peer import (
     OfferError,
     PlayoutDelay,
     advertise_host_addresses,
+    answer_dtls_passive,
+    answered_dtls_role,
     answered_video_codec,
     candidate_from_signal,
+    candidate_ufrag,
     codec_preferences,
     enable_playout_delay,
     parse_offer,
@@ -130,6 +133,49 @@ def test_candidate_from_signal() -> None:
     for bad in ({"candidate": "candidate:garbage"}, {"candidate": line}, {"candidate": 5}):
         with pytest.raises(OfferError):
             candidate_from_signal(bad)
+
+
+def test_candidate_ufrag_from_the_field_or_the_line() -> None:
+    line = "candidate:1 1 udp 2130706431 127.0.0.1 50000 typ host generation 0 ufrag AbCd network-id 1"
+    assert candidate_ufrag({"candidate": line}) == "AbCd"
+    assert candidate_ufrag({"candidate": line, "usernameFragment": "Zz"}) == "Zz"
+    assert candidate_ufrag({"candidate": "candidate:1 1 udp 2130706431 127.0.0.1 50000 typ host"}) is None
+    assert candidate_ufrag({"candidate": ""}) is None
+
+
+async def test_no_common_codec_names_the_offered_profiles_and_what_is_accepted() -> None:
+    sdp = await viewer_offer(("H264",))
+    high = re.sub(r"profile-level-id=42[0-9a-f]{4}", "profile-level-id=64001f", sdp)
+    mode0 = sdp.replace("packetization-mode=1", "packetization-mode=0")
+    for offer, named in ((high, "H264 High 64001f packetization-mode=1"),
+                         (mode0, "H264 Constrained Baseline 42e01f packetization-mode=0")):
+        with pytest.raises(OfferError) as refused:
+            parse_offer(offer)
+        assert refused.value.code == "no_common_codec"
+        assert named in refused.value.fields["offered"] and named in refused.value.detail
+        assert refused.value.fields["accepted"][-1] == "VP8" and "4200xx" in refused.value.detail
+    assert parse_offer(sdp.replace("profile-level-id=42e01f", "profile-level-id=42e034")).video_codecs == {"H264"}
+
+
+async def test_an_actpass_offer_is_answered_passive_and_aiortc_takes_the_server_role() -> None:
+    offer = await viewer_offer()
+    node = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    try:
+        node.addTransceiver(VideoStreamTrack(), direction="sendonly")
+        await node.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
+        answer = await node.createAnswer()
+        assert "a=setup:active" in answer.sdp  # aiortc's own choice
+        passive = answer_dtls_passive(answer.sdp, offer)
+        assert "a=setup:active" not in passive and passive.count("a=setup:passive") == answer.sdp.count("a=setup:")
+        assert passive.replace("a=setup:passive", "a=setup:active") == answer.sdp  # nothing else changed
+        await node.setLocalDescription(RTCSessionDescription(sdp=passive, type="answer"))
+        assert answered_dtls_role(node.localDescription.sdp) == "server"
+        assert {t.receiver.transport._role for t in node.getTransceivers()} == {"server"}
+        # an offer that wants to be the DTLS server (passive) keeps its active answer
+        pinned = offer.replace("a=setup:actpass", "a=setup:passive")
+        assert answer_dtls_passive(answer.sdp, pinned) == answer.sdp
+    finally:
+        await node.close()
 
 
 def test_answered_video_codec() -> None:
