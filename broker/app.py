@@ -33,6 +33,7 @@ from broker.embedded import EmbeddedRedis
 from broker.errors import BrokerError, MalformedBody, NotFound, Unavailable
 from broker.http import realtime  # noqa: F401  (registers the streaming routes on broker.http.api.routes)
 from broker.http.api import path_params_middleware, routes
+from broker.http.edge import EDGE, Edge
 from broker.http.openapi import openapi_document
 from broker.http.plans import SCALER, plan_routes
 from broker.hub import Hub
@@ -207,6 +208,7 @@ def create_app(settings: BrokerSettings, *, clock: Clock = wall_clock_ms) -> web
                           client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
+    app[EDGE] = Edge.from_settings(settings)
     app.cleanup_ctx.append(_redis_ctx)
     app.cleanup_ctx.append(make_ctx(clock))
     app.router.add_get("/api/v1/openapi.json", openapi)

@@ -12,11 +12,15 @@ import logging
 import os
 import re
 import secrets
+import signal
+import ssl
 import sys
 from collections.abc import Sequence
 
 from aiohttp import web
 
+from broker.errors import ValidationError
+from broker.http.edge import Edge, TlsReloader, parse_listen, tls_context
 from broker.settings import BrokerSettings, load, settings_table
 
 
@@ -57,17 +61,57 @@ def serve(argv: Sequence[str]) -> int:
     for name in generated:
         if name != "secret":  # the HMAC key is never printed
             print(f"generated {name}: {getattr(settings, name)}", flush=True)
+    try:
+        Edge.from_settings(settings)  # bad allow-lists or admin_listen: one line, before anything starts
+        admin = parse_listen(settings.admin_listen, "admin_listen")
+    except ValidationError as exc:
+        print(f"render-broker: {exc.detail}", file=sys.stderr)
+        return 2
+    ctx = None
+    if bool(settings.tls_cert) != bool(settings.tls_key):
+        print("render-broker: tls_cert and tls_key go together (set both, or neither for plain HTTP)", file=sys.stderr)
+        return 2
+    if settings.tls_cert:
+        try:
+            ctx = tls_context(settings.tls_cert, settings.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            print(f"render-broker: cannot load tls_cert/tls_key: {exc}", file=sys.stderr)
+            return 2
     from broker.app import create_app
 
-    print(f"render-broker listening on http://{settings.host}:{settings.port}/", flush=True)
+    scheme = "https" if ctx else "http"
+    print(f"render-broker listening on {scheme}://{settings.host}:{settings.port}/", flush=True)
+    if admin:
+        print(f"admin API and /metrics on {scheme}://{admin[0]}:{admin[1]}/", flush=True)
     try:
-        web.run_app(create_app(settings), host=settings.host, port=settings.port, print=None,
-                    handle_signals=True, shutdown_timeout=5)
+        asyncio.run(_run(create_app(settings), settings, ctx, admin))
     except OSError as exc:  # a busy port or an address this machine does not have: one line, not a traceback
-        print(f"render-broker: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}",
-              file=sys.stderr)
+        where = f"{settings.host}:{settings.port}" + (f" / {admin[0]}:{admin[1]}" if admin else "")
+        print(f"render-broker: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     return 0
+
+
+async def _run(app: web.Application, s: BrokerSettings, ctx: ssl.SSLContext | None,
+               admin: tuple[str, int] | None) -> None:
+    """Serve ``app`` on the public listener (and the admin one) until SIGINT/SIGTERM; SIGHUP reloads TLS."""
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=5)
+    await runner.setup()
+    try:
+        sites = [web.TCPSite(runner, s.host, s.port, ssl_context=ctx)]
+        if admin:
+            sites.append(web.TCPSite(runner, admin[0], admin[1], ssl_context=ctx))
+        for site in sites:
+            await site.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        if ctx is not None:
+            loop.add_signal_handler(signal.SIGHUP, TlsReloader(ctx, s.tls_cert, s.tls_key).reload)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

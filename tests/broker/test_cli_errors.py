@@ -45,5 +45,5 @@ async def test_a_busy_port_is_one_line_and_exit_2(redis_url: str, prefix: str, t
         out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 2
     text = err.decode()
-    assert "Traceback" not in text
+    assert "Traceback" not in text, text
     assert f"render-broker: cannot listen on 127.0.0.1:{port}" in text
