@@ -36,9 +36,11 @@ from broker.http.api import path_params_middleware, routes
 from broker.http.edge import EDGE, Edge
 from broker.http.openapi import openapi_document
 from broker.http.plans import SCALER, plan_routes
+from broker.http.rollout import ROLLOUTS, rollout_routes
 from broker.hub import Hub
 from broker.keys_app import BROKER, HUB, METRICS, SETTINGS
 from broker.metrics import Metrics
+from broker.rollout.service import ROLLOUT_INTERVAL_S, Rollouts
 from broker.service import Broker, Clock, run_every, wall_clock_ms
 from broker.settings import BrokerSettings
 from broker.store.live import LiveStore
@@ -99,7 +101,8 @@ async def _redis_ctx(app: web.Application) -> AsyncIterator[None]:
     # Redis: 64 ran out at 2,000 hosts and failed heartbeats (docs/fleet.md).  hiredis parses.
     pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=s.redis_max_connections,
                                                     timeout=s.redis_pool_timeout_s,
-                                                    socket_timeout=5, socket_connect_timeout=2,
+                                                    socket_timeout=s.redis_timeout_s,
+                                                    socket_connect_timeout=s.redis_timeout_s,
                                                     health_check_interval=10)
     client = aioredis.Redis(connection_pool=pool)
     app[REDIS_KEY] = client
@@ -145,11 +148,14 @@ def make_ctx(clock: Clock) -> Callable[[web.Application], AsyncIterator[None]]:
         if restored:
             log.info("restored %d pool config(s) from SQL into Redis", restored)
         await broker.ensure_indexes()
+        await broker.state_check()  # joins this Redis's live-state generation (or starts one: a recovery)
         _tune_gc(s.gc_thresholds)
         owner = uuid.uuid4().hex
         provider = provider_from_settings(s)
         scaler = Scaler(broker, provider, s, owner)
         app[SCALER] = scaler
+        rollouts = Rollouts(broker, metrics.registry, owner)
+        app[ROLLOUTS] = rollouts
 
         async def sample() -> None:
             # one replica samples per interval: a TTL'd lock keyed by the interval slot
@@ -162,6 +168,7 @@ def make_ctx(clock: Clock) -> Callable[[web.Application], AsyncIterator[None]]:
                                                on_late=broker.note_loop_lag)),
                  asyncio.create_task(run_every(OUTBOX_INTERVAL_S, broker.drain_outbox, "outbox", stop)),
                  asyncio.create_task(run_every(s.sample_interval_s, sample, "sampler", stop))]
+        tasks.append(asyncio.create_task(run_every(ROLLOUT_INTERVAL_S, rollouts.run_once, "rollout", stop)))
         if s.autoscale_interval_s > 0:
             tasks.append(asyncio.create_task(run_every(s.autoscale_interval_s, scaler.run_once, "autoscaler", stop)))
         try:
@@ -214,6 +221,7 @@ def create_app(settings: BrokerSettings, *, clock: Clock = wall_clock_ms) -> web
     app.router.add_get("/api/v1/openapi.json", openapi)
     app.router.add_routes(routes)
     app.router.add_routes(plan_routes)
+    app.router.add_routes(rollout_routes)
     app.router.add_get("/", index)
     app.router.add_get("/admin", admin_page)
     if WEB_DIR.is_dir():

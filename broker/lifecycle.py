@@ -31,6 +31,9 @@ TRANSITIONS: Final[dict[SessionState, frozenset[SessionState]]] = {
     S.ENDED: frozenset(),
 }
 
+# End reason of a session Redis lost (restarted empty) that no node re-claimed within a lease of the
+# recovery, or that was queued: recorded in SQL history, never silently gone.
+STATE_LOST: Final = EndReason.STATE_LOST.value
 START_TIMEOUT_MS: Final = 60_000  # a node that has not started a session in 60 s has failed it
 # More than this share of a fleet's leases due at once (and more than MASS_EXPIRY_MIN) looks like a
 # stalled broker or Redis rather than that many hosts dying together: expiry then slows to
@@ -127,6 +130,18 @@ def lease_expiry(due: int, total: int, loop_late_s: float, lease_ttl_s: float) -
         n = max(1, int(total * MASS_EXPIRY_RATE))
         return LeaseExpiry(n, f"{due} of {total} leases due at once: expiring {n} this pass")
     return LeaseExpiry(due, f"{due} lease(s) due")
+
+
+def grace_gap_ms(lease_ttl_s: float, reaper_interval_s: float) -> int:
+    """How long a gap between reaper passes (nobody reached Redis) earns every live lease a full one.
+
+    A third of a lease: a shorter outage costs a node at most one of the three heartbeats a lease
+    spans, so no healthy host can lose its lease to it; a longer one may have.  Never under two
+    reaper intervals, so passes that are merely on schedule never count as a gap.  Grace is granted
+    once per gap (``store/lua/reaper_pass.lua``), so a dead host is still declared down one lease
+    after Redis returns.
+    """
+    return int(max(lease_ttl_s / 3, 2 * reaper_interval_s) * 1000)
 
 
 def next_due_ms(s: SessionClock, t: Timeouts) -> int | None:

@@ -103,15 +103,6 @@ GPU_SCHEMA: Final = {
     "reason": Field("str", default="", max_length=200, description="Why the node registered it so (for operators)"),
 }
 
-HOST_SCHEMA: Final = {
-    "id": Field("str", required=True, max_length=63),
-    "pool": Field("str", required=True, max_length=63),
-    "address": Field("str", required=True, max_length=255, description="host:port the node listens on"),
-    "gpus": Field("array", required=True, items=Field("object", schema=GPU_SCHEMA), max_items=64),
-    "labels": Field("object", default=None, nullable=True, schema={}),
-    "version": Field("str", default="", max_length=64),
-}
-
 SESSION_TELEMETRY_SCHEMA: Final = {
     "id": Field("str", required=True, max_length=64),
     "state": Field("str", default="running", choices=("starting", "running", "disconnected")),
@@ -161,6 +152,28 @@ PROFILE_SCHEMA: Final = {
     "height": Field("int", default=720, minimum=120, maximum=MAX_HEIGHT_PX),
     "fps": Field("int", default=30, minimum=1, maximum=MAX_FPS),
     "codec": Field("str", default="auto", choices=CODECS),
+}
+
+HOST_SESSION_SCHEMA: Final = {
+    "id": Field("str", required=True, max_length=32),
+    "user": Field("str", required=True, max_length=128),
+    "state": Field("str", required=True, choices=("running", "disconnected")),
+    "gpu": Field("int", required=True, minimum=0, maximum=1023),
+    "kind": Field("str", default=None, nullable=True, max_length=16),
+    "profile": Field("object", default=None, nullable=True, schema=PROFILE_SCHEMA),
+    "started_ms": Field("int", default=0, minimum=0, maximum=2**53, description="When it started running (epoch ms)"),
+}
+
+HOST_SCHEMA: Final = {
+    "id": Field("str", required=True, max_length=63),
+    "pool": Field("str", required=True, max_length=63),
+    "address": Field("str", required=True, max_length=255, description="host:port the node listens on"),
+    "gpus": Field("array", required=True, items=Field("object", schema=GPU_SCHEMA), max_items=64),
+    "labels": Field("object", default=None, nullable=True, schema={}),
+    "version": Field("str", default="", max_length=64),
+    "sessions": Field("array", default=[], items=Field("object", schema=HOST_SESSION_SCHEMA), max_items=256,
+                      description="Sessions the node is still streaming (re-registering after the broker lost its "
+                                  "live state): the broker re-adopts each on this host, or lists it in stop"),
 }
 
 SESSION_SCHEMA: Final = {

@@ -56,6 +56,7 @@ class EndReason(StrEnum):
     NODE_ENDED = "node_ended"  # the node ended it (app exited, crash)
     START_FAILED = "start_failed"  # the node could not start it in time
     SCALE_IN = "scale_in"  # force-logoff by the autoscaler after a warning
+    STATE_LOST = "state_lost"  # Redis lost the session (restarted empty) and no node re-claimed it
 
 
 class HostState(StrEnum):

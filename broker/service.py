@@ -17,20 +17,30 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from broker.auth import Principal, turn_credentials
 from broker.db.repository import Repository
-from broker.errors import Conflict, Forbidden, HostRetired, NotFound, QueueFull
-from broker.lifecycle import SessionClock, Timeouts, lease_expiry, reap, warn_before_end
+from broker.errors import Conflict, Forbidden, HostRetired, NotFound, QueueFull, Unavailable, ValidationError
+from broker.lifecycle import (
+    STATE_LOST,
+    SessionClock,
+    Timeouts,
+    grace_gap_ms,
+    lease_expiry,
+    reap,
+    warn_before_end,
+)
 from broker.models import (
     HEARTBEAT_SCHEMA,
     SESSION_SCHEMA,
     SESSION_STATE_SCHEMA,
+    USER_RE,
     PoolConfig,
     Profile,
     check_name,
@@ -38,7 +48,7 @@ from broker.models import (
 )
 from broker.protocol import API_PREFIX, EndReason, HostState, NodeCommand, Role, SessionState
 from broker.settings import BrokerSettings
-from broker.store.keys import REAP_CLAIM_MS, RETIRED_HOST_TTL_S
+from broker.store.keys import REAP_CLAIM_MS, RECOVERY_TTL_S, RETIRED_HOST_TTL_S
 from broker.store.live import LiveStore, host_load
 from broker.validate import validate
 
@@ -46,6 +56,7 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], int]
 REAP_BATCH = 200  # deadlines one Lua step takes at a time (bounds how long a step holds Redis)
+SESSION_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 
 
 def wall_clock_ms() -> int:
@@ -60,6 +71,10 @@ class Stats:
     sessions_ended: int = 0
     hosts_lost: int = 0
     outbox_written: int = 0
+    recoveries: int = 0  # times this process found Redis's live state lost and restored it
+    sessions_adopted: int = 0  # sessions re-adopted from re-registering nodes
+    sessions_lost: int = 0  # sessions ended state_lost in SQL (nobody re-claimed them)
+    lease_graces: int = 0  # reaper passes that found a gap and renewed every live lease
 
 
 class Broker:
@@ -73,6 +88,8 @@ class Broker:
         self._observe_allocation = observe_allocation or (lambda _s: None)
         self._loop_late_s = 0.0  # how late the reaper's last tick fired (see note_loop_lag)
         self._orphans_seen: set[bytes] = set()
+        self.epoch: str | None = None  # the live-state generation this process works on (see state_check)
+        self.recovering = False  # True while restoring Redis's lost state (readyz says not ready)
 
     # ---- pools ---------------------------------------------------------------------------
     async def put_pool(self, who: Principal, name: str, body: Any) -> tuple[bool, dict[str, Any]]:
@@ -123,9 +140,21 @@ class Broker:
 
     # ---- hosts ---------------------------------------------------------------------------
     async def register_host(self, body: Any) -> dict[str, Any]:
+        """Register (or re-register) a host; sessions the node says it still streams are re-adopted.
+
+        The view carries ``adopted`` (session ids now live on this host) and ``stop`` (ids the node
+        must stop: ended, elsewhere, or refused).  See ``_adopt``.
+        """
         data, gpus = parse_host(body)
+        for i, c in enumerate(data["sessions"]):
+            if not SESSION_ID_RE.match(c["id"]):
+                raise ValidationError(f"sessions[{i}].id: must match {SESSION_ID_RE.pattern}",
+                                      field=f"sessions[{i}].id")
+            if not USER_RE.match(c["user"]):
+                raise ValidationError(f"sessions[{i}].user: must match {USER_RE.pattern}",
+                                      field=f"sessions[{i}].user")
         if await self.live.get_pool(data["pool"]) is None:
-            raise NotFound(f"no pool named {data['pool']!r}", field="pool")
+            await self._no_pool(data["pool"])
         now = self.clock()
         status, _seated = await self.live.register_host(data["id"], data["pool"], data["address"], gpus, now,
                                                         self.settings.lease_ttl_ms, data["version"])
@@ -134,10 +163,62 @@ class Broker:
         if status == "wrong_pool":
             raise Conflict(f"host {data['id']!r} has live sessions in another pool", field="pool")
         if status == "unknown_pool":
-            raise NotFound(f"no pool named {data['pool']!r}", field="pool")
+            await self._no_pool(data["pool"])
         await self.repo.audit(now, data["id"], Role.NODE, "host.register", data["id"],
-                              {"pool": data["pool"], "address": data["address"], "gpus": len(gpus)})
-        return await self.get_host(data["id"])
+                              {"pool": data["pool"], "address": data["address"], "gpus": len(gpus),
+                               "sessions": len(data["sessions"])})
+        adopted, stop = await self._adopt(data["id"], data["pool"], data["sessions"], now)
+        view = await self.get_host(data["id"])
+        view["adopted"], view["stop"] = adopted, stop
+        return view
+
+    async def _no_pool(self, name: str) -> NoReturn:
+        """Raise for a pool Redis does not have: 503 while Redis's live state is lost (not restored
+        yet: the pool comes back from SQL within a reaper pass), else 404."""
+        if self.epoch is not None and await self.live.get_epoch() != self.epoch:
+            raise Unavailable(f"live state is being restored (Redis lost it); pool {name!r} returns shortly")
+        raise NotFound(f"no pool named {name!r}", field="pool")
+
+    async def _adopt(self, host_id: str, pool: str, claims: list[dict[str, Any]],
+                     now: int) -> tuple[list[str], list[str]]:
+        """Re-adopt the sessions a re-registering node still streams; returns (adopted or kept, stop).
+
+        SQL is the judge where it knows the session: one it recorded as ended is stopped, one it has
+        live for another user, pool or host is refused (stopped); its created/seated times are kept.
+        A claim SQL has never heard of (its records were still in Redis's outbox when Redis lost
+        them) is adopted on the node's word, bound to this host's own credential, and audited as
+        unverified.  Redis then rebuilds each on this host and GPU when the seat is free.
+        """
+        if not claims:
+            return [], []
+        ids = [c["id"] for c in claims]
+        ended = await self.repo.ended_ids(ids)
+        known = await self.repo.live_rows(ids)
+        accepted: list[dict[str, Any]] = []
+        refused: list[str] = []
+        unverified: list[str] = []
+        for c in claims:
+            row = known.get(c["id"])
+            if c["id"] in ended or (row is not None and (
+                    row["user"] != c["user"] or row["pool"] != pool or (row["host"] or host_id) != host_id)):
+                refused.append(c["id"])
+                continue
+            if row is None:
+                unverified.append(c["id"])
+            accepted.append({**c, "pool": pool, "created_ms": row["created_ms"] if row else 0,
+                             "seated_ms": (row["seated_ms"] or 0) if row else 0})
+        result = await self.live.adopt_sessions(host_id, now, accepted)
+        adopted = [sid for sid, st in result.items() if st in ("adopted", "kept")]
+        stop = refused + [sid for sid, st in result.items() if st == "stop"]
+        fresh = [sid for sid, st in result.items() if st == "adopted"]
+        self.stats.sessions_adopted += len(fresh)
+        if fresh or stop:
+            log.warning("host %s re-registered with %d session(s): %d re-adopted, %d already live, %d to stop "
+                        "(%d unverified by SQL)", host_id, len(claims), len(fresh), len(adopted) - len(fresh),
+                        len(stop), len(unverified))
+            await self.repo.audit(now, host_id, Role.NODE, "host.adopt", host_id,
+                                  {"adopted": fresh, "stop": stop, "unverified": unverified})
+        return adopted, stop
 
     async def get_host(self, host_id: str) -> dict[str, Any]:
         hosts = await self.live.get_hosts([host_id])
@@ -238,7 +319,7 @@ class Broker:
                                              self.clock())
         self._observe_allocation(time.perf_counter() - t0)
         if res == "unknown_pool":
-            raise NotFound(f"no pool named {data['pool']!r}", field="pool")
+            await self._no_pool(data["pool"])
         if res == "queue_full":
             raise QueueFull(f"pool {data['pool']!r} is full and its queue is at its limit; try later",
                             field="pool")
@@ -251,6 +332,9 @@ class Broker:
         if s is None:
             hist = await self.repo.get_history(sid)
             if hist is None:
+                if await self.repo.live_rows([sid]):  # SQL has it live, Redis lost it: being restored
+                    raise Unavailable(f"session {sid!r} is being restored (Redis lost its live state); its node "
+                                      "re-registers it, or it ends state_lost, within a lease: retry shortly")
                 raise NotFound(f"no session {sid!r}", field="session")
             return {**hist, "state": SessionState.ENDED.value}
         return s
@@ -337,6 +421,73 @@ class Broker:
     async def touch_session(self, sid: str) -> None:
         await self.live.touch(sid, self.clock())
 
+    # ---- live-state generation (Redis losing everything) -----------------------------------
+    async def state_check(self) -> bool:
+        """Detect a Redis that lost its live state and restore what SQL is the source of truth for.
+
+        ``P:epoch`` is written when a broker starts on a Redis (or restores one); it has no TTL, so
+        its absence means the data went (restarted empty, a failover that lost writes), and a value
+        other than this process's means another replica already restored it.  Restoring: pool
+        configs from SQL, the indexes, a new epoch (the first replica to write it also records the
+        recovery: ``P:recovery``, whose window of one lease lets nodes re-register with their
+        sessions; ``finish_recovery`` ends the rest).  ``recovering`` is set meanwhile (readyz 503).
+        Returns True when it restored.  Idempotent across replicas: every step is.
+        """
+        epoch = await self.live.get_epoch()
+        if epoch is not None and self.epoch in (None, epoch):
+            self.epoch = epoch  # a process starting on a live Redis joins its generation
+            return False
+        self.recovering = True
+        try:
+            now = self.clock()
+            restored = await self.restore_pools()
+            await self.ensure_indexes()
+            candidate = uuid.uuid4().hex
+            won = await self.live.claim_epoch(candidate)
+            if won == candidate:
+                until = now + self.settings.lease_ttl_ms
+                await self.live.redis.set(self.live.keys.recovery, json.dumps(
+                    {"epoch": won, "at_ms": now, "until_ms": until}), ex=RECOVERY_TTL_S)
+            first = self.epoch is None
+            self.epoch = won
+            self.stats.recoveries += 0 if first else 1
+            log.log(logging.INFO if first else logging.WARNING,
+                    "live state generation %s (%s): %d pool config(s) restored from SQL; nodes re-register "
+                    "with their sessions within one lease (%.1f s)", won,
+                    "started" if first else ("Redis lost its state" if epoch is None else "restored by a peer"),
+                    restored, self.settings.host_lease_ttl_s)
+            return True
+        finally:
+            self.recovering = False
+
+    async def finish_recovery(self) -> int:
+        """After a recovery's window (one lease), end in SQL (``state_lost``) the sessions SQL still
+        counts live that Redis does not have: nobody re-claimed them, or they were queued.  Exactly
+        one replica does it (it takes ``P:recovery``).  Returns how many were ended."""
+        raw = await self.live.redis.get(self.live.keys.recovery)
+        if raw is None:
+            return 0
+        rec = json.loads(raw)
+        now = self.clock()
+        if now < int(rec["until_ms"]) or await self.live.redis.getdel(self.live.keys.recovery) is None:
+            return 0
+        rows = await self.repo.live_rows()
+        ids = sorted(rows)
+        gone: list[dict[str, Any]] = []
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            async with self.live.redis.pipeline(transaction=False) as pipe:
+                for sid in chunk:
+                    pipe.exists(self.live.keys.session(sid))
+                present = await pipe.execute()
+            gone += [rows[sid] for sid, n in zip(chunk, present, strict=True) if not n]
+        ended = await self.repo.end_lost(gone, now, STATE_LOST)
+        self.stats.sessions_lost += ended
+        if gone:
+            log.warning("recovery %s: %d session(s) SQL had live were not re-claimed within a lease: ended %s "
+                        "in SQL (%s)", rec["epoch"], ended, STATE_LOST, ", ".join(r["id"] for r in gone[:20]))
+        return ended
+
     # ---- background steps (each is one pass; loops live in broker.app) -------------------
     def note_loop_lag(self, late_s: float) -> None:
         """Record how late this process's reaper tick fired (its event loop was busy that long)."""
@@ -352,6 +503,10 @@ class Broker:
     async def reap_once(self) -> list[tuple[str, str]]:
         """End hosts past their lease and sessions past their timeouts; returns (id, reason) ended.
 
+        The pass starts by stamping itself in Redis: after a gap (Redis, or every broker, away for more
+        than ``lifecycle.grace_gap_ms``) every lease alive before the gap is renewed for a full lease,
+        so nodes whose heartbeats could not get through have a lease to come back in.
+
         Reads only what is due (sorted sets of deadlines), so a pass costs what expired, not the
         fleet; replicas share the work (a lease expiry is one Lua step, a session deadline is claimed
         before it is handled).  How many due leases a pass expires is ``lifecycle.lease_expiry``'s
@@ -359,8 +514,18 @@ class Broker:
         queue), a trickle when a large share of the fleet is due at once (a stalled broker or Redis
         looks like that): a slow broker must not declare live hosts lost.
         """
+        await self.state_check()
+        await self.finish_recovery()
         now = self.clock()
         ended: list[tuple[str, str]] = []
+        gap, granted = await self.live.reaper_pass(
+            now, grace_gap_ms(self.settings.host_lease_ttl_s, self.settings.reaper_interval_s),
+            self.settings.lease_ttl_ms)
+        if gap >= 0:
+            self.stats.lease_graces += 1
+            log.warning("no reaper pass reached Redis for %.1f s (Redis or every broker was away): %d live "
+                        "host lease(s) renewed for %.1f s of grace", gap / 1000, granted,
+                        self.settings.host_lease_ttl_s)
         due = await self.live.lease_due_count(now)
         plan = lease_expiry(due, await self.live.lease_count() if due else 0, self._loop_late_s,
                             self.settings.host_lease_ttl_s)

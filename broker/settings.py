@@ -39,6 +39,10 @@ class BrokerSettings:
                                           "waits redis_pool_timeout_s, then the request fails with 503")
     redis_pool_timeout_s: float = opt(10.0, "How long a Redis call waits for a free pooled connection (kept under "
                                             "the host lease, so a waiting heartbeat still renews it)")
+    redis_timeout_s: float = opt(1.0, "How long one Redis call (or connect) may take before the request fails with "
+                                      "503: a frozen or unreachable Redis answers clients within this bound "
+                                      "instead of holding them (the longest Lua step, a grace pass over the "
+                                      "fleet after an outage, must fit in it)")
     gc_thresholds: str = opt("10000,50,100", "Python garbage-collector thresholds (gen0,gen1,gen2) set at start; "
                                              "with thousands of open streams the defaults run full collections "
                                              "every few seconds, each stalling every request; empty keeps Python's")

@@ -108,7 +108,7 @@ async function refresh() {
     readiness();
     if (Date.now() - st.lastSlow > SLOW_REFRESH_MS) {
       st.lastSlow = Date.now();
-      await Promise.all([renderCharts(), renderScaling()]);
+      await Promise.all([renderCharts(), renderScaling(), renderRollouts()]);
     }
   } catch (err) {
     if (err instanceof ApiError && (err.status === 401 || err.status === 403)) {
@@ -436,6 +436,73 @@ async function renderScaling() {
   if (!any.length) { section.hidden = true; render(box); return; }
   section.hidden = false;
   keepFocus(box, () => render(box, results.map(({ pool, plan, rec, status }) => scalingCard(pool, plan, rec, status))));
+}
+
+// =========================================================================================
+// canary rollouts (GET /pools/{name}/rollout answers 404 where a pool has none)
+// =========================================================================================
+async function renderRollouts() {
+  const section = $("#rollout-section");
+  const box = $("#rollouts");
+  const results = (await Promise.all(st.pools.map(async (p) => ({
+    pool: p, r: await getOptional(`pools/${encodeURIComponent(p.name)}/rollout`) }))))
+    .filter(({ r }) => r !== null);
+  if (!results.length) { section.hidden = true; render(box); return; }
+  section.hidden = false;
+  keepFocus(box, () => render(box, results.map(({ pool, r }) => rolloutCard(pool, r))));
+}
+
+function healthRow(label, h) {
+  if (!h) return null;
+  const ff = Number.isFinite(h.first_frame_ms_p50) ? `${Math.round(h.first_frame_ms_p50)} ms` : "–";
+  return el("tr", {}, el("th", { scope: "row" }, label), el("td", {}, fmtNum(h.sessions)),
+    el("td", {}, `${h.start_failed} (${h.start_failure_pct} %)`), el("td", {}, `${h.crashed} (${h.crash_pct} %)`),
+    el("td", {}, ff));
+}
+
+function rolloutCard(pool, r) {
+  if (r instanceof Error) {
+    return el("article", { class: "card scaling-card compact", dataset: { pool: pool.name } },
+      el("h3", {}, pool.name), el("p", { class: "small", style: { color: "var(--danger)" } }, problemText(r)));
+  }
+  const p = r.policy;
+  const rolledBack = r.state === "rolled_back";
+  const last = r.last || null;
+  const key = (action) => `rollout:${pool.name}:${action}`;
+  const button = (action, label, cls) => el("button", {
+    class: `sm ${cls}`, "data-focus-key": key(action), dataset: { action }, disabled: st.busy.has(key(action)),
+    "aria-label": `${label} the canary of pool ${pool.name}`, onclick: () => rolloutCommand(pool.name, action, key(action)),
+  }, label);
+  return el("article", { class: "card scaling-card", dataset: { pool: pool.name, state: r.state } },
+    el("h3", {}, pool.name,
+      el("span", { class: `badge ${rolledBack ? "down" : "up"}`, "data-testid": "rollout-state" }, r.state.replace("_", " ")),
+      el("span", { class: "chip" }, "candidate ", el("b", {}, p.candidate_version),
+        ` · ${r.split ? r.split.share_pct : p.share_pct} % of new sessions · ${r.candidate_hosts.length} candidate / `
+        + `${r.stable_hosts.length} stable host(s)`)),
+    last ? el("p", { class: "small" }, el("b", {}, `${last.action}: ${last.reason.replaceAll("_", " ")}`), ` — ${last.detail}`,
+      el("span", { class: "faint" }, ` (${fmtAgo(last.ts_ms)})`))
+      : el("p", { class: "muted small" }, "Not judged yet."),
+    last && last.candidate ? el("table", { class: "small" },
+      el("thead", {}, el("tr", {}, el("th", {}, ""), el("th", {}, "sessions"), el("th", {}, "start failures"),
+        el("th", {}, "crashes"), el("th", {}, "first frame p50"))),
+      el("tbody", {}, healthRow(`candidate ${p.candidate_version}`, last.candidate), healthRow("stable", last.stable))) : null,
+    el("div", { class: "row" },
+      button("promote", "Promote", ""),
+      rolledBack ? null : button("rollback", "Roll back", "warn")));
+}
+
+async function rolloutCommand(pool, action, key) {
+  st.busy.add(key);
+  try {
+    await api(st.token, "POST", `pools/${encodeURIComponent(pool)}/rollout/${action}`, { reason: "from the dashboard" });
+    toast(`Pool ${pool}: ${action === "promote" ? "candidate promoted" : "canary rolled back, its hosts draining"}`);
+  } catch (err) {
+    toast(`${action} ${pool} failed: ${problemText(err)}`, { error: true });
+  } finally {
+    st.busy.delete(key);
+    st.lastSlow = 0;
+    refresh();
+  }
 }
 
 // =========================================================================================

@@ -46,6 +46,7 @@ const END_REASON_TEXT = Object.freeze({
   [EndReason.NODE_ENDED]: "The remote application exited, so the session ended.",
   [EndReason.START_FAILED]: "The render node could not start your session.",
   [EndReason.SCALE_IN]: "The pool reduced its capacity and ended your session after a warning.",
+  [EndReason.STATE_LOST]: "The service lost track of your session during an outage; please start a new one.",
 });
 
 const app = {

@@ -38,7 +38,8 @@ export const EndReason = Object.freeze({
   "HOST_LOST": "host_lost",
   "NODE_ENDED": "node_ended",
   "START_FAILED": "start_failed",
-  "SCALE_IN": "scale_in"
+  "SCALE_IN": "scale_in",
+  "STATE_LOST": "state_lost"
 });
 
 // ---- pools, hosts, principals ---------------------------------------------------------

@@ -39,7 +39,40 @@ def session_row(s: dict[str, Any]) -> dict[str, Any]:
         "ended_ms": ended or None, "end_reason": s.get("end_reason") or None,
         "wait_s": ((seated or ended) - created) / 1000.0 if (seated or ended) else None,
         "gpu_seconds": (ended - seated) / 1000.0 if seated and ended else 0.0,
+        "host_version": (s.get("host_version") or None) if seated else None,
     }
+
+
+def live_row(s: dict[str, Any]) -> dict[str, Any]:
+    """A ``live_sessions`` row from a queued or start outbox record."""
+    def num(key: str) -> int:
+        return int(float(s.get(key) or 0))
+
+    profile = s.get("profile")
+    if isinstance(profile, str) and profile:
+        profile = json.loads(profile)
+    gpu = s.get("gpu")
+    return {"id": s["id"], "pool": s["pool"], "user": s["user"], "host": s.get("host") or None,
+            "gpu": int(gpu) if gpu not in (None, "") else None, "kind": s.get("kind") or None,
+            "profile": profile or None, "created_ms": num("created_ms"), "seated_ms": num("seated_ms") or None}
+
+
+async def _apply_live(conn: Any, live: dict[str, dict[str, Any]], ended: set[str]) -> None:
+    """Write ``live_sessions`` rows (a seated row replaces a queued one; a queued one never replaces
+    anything) and drop the rows of sessions that ended, here or in an earlier batch."""
+    c = t.live_sessions.c
+    if live:
+        ids = list(live)
+        have = {r[0] for r in (await conn.execute(select(c.id).where(c.id.in_(ids)))).all()}
+        done = {r[0] for r in (await conn.execute(select(t.sessions.c.id).where(t.sessions.c.id.in_(ids)))).all()}
+        seated = [i for i in ids if live[i]["host"] and i in have and i not in done]
+        if seated:
+            await conn.execute(delete(t.live_sessions).where(c.id.in_(seated)))
+        fresh = [live[i] for i in ids if i not in done and (i not in have or i in seated)]
+        if fresh:
+            await conn.execute(insert(t.live_sessions), fresh)
+    if ended:
+        await conn.execute(delete(t.live_sessions).where(c.id.in_(list(ended))))
 
 
 class Repository:
@@ -98,12 +131,25 @@ class Repository:
     async def record_batch(self, items: Sequence[tuple[str, dict[str, Any], int]]) -> None:
         """Write many outbox records (kind, session, ts_ms) in one transaction; idempotent.
 
-        Session rows upsert on the id; audit rows are skipped when their dedup key exists.
+        Kinds: ``queued`` (a session waits: a ``live_sessions`` row), ``start`` (seated: the row gets
+        its host, plus an audit row), ``end`` (a ``sessions`` history row, an audit row, the live row
+        goes).  Session rows upsert on the id; audit rows are skipped when their dedup key exists; a
+        record replayed after its session's end never brings the live row back.
         """
         if not items:
             return
         audits: list[dict[str, Any]] = []
         rows: dict[str, dict[str, Any]] = {}
+        live: dict[str, dict[str, Any]] = {}
+        for kind, s, _ts in items:
+            if kind in ("queued", "start") and (kind == "start" or s["id"] not in live):
+                live[s["id"]] = live_row(s)
+        live_only = [(k, s, ts) for k, s, ts in items if k != "queued"]
+        if not live_only:
+            async with self.engine.begin() as conn:
+                await _apply_live(conn, live, set())
+            return
+        items = live_only
         for kind, s, ts in items:
             if kind == "start":
                 audits.append({"ts_ms": ts, "actor": s["user"], "role": "user", "action": "session.start",
@@ -126,9 +172,49 @@ class Repository:
                     cols = {c: stmt.excluded[c] for c in rows[next(iter(rows))] if c != "id"}
                     await conn.execute(stmt.on_conflict_do_update(index_elements=["id"], set_=cols))
                 await conn.execute(mod(t.audit).values(audits).on_conflict_do_nothing(index_elements=["dedup_key"]))
+                await _apply_live(conn, live, set(rows))
                 return
         for kind, s, ts in items:  # other dialects: row by row
             await (self.record_start(s, ts) if kind == "start" else self.record_end(s, ts))
+        async with self.engine.begin() as conn:
+            await _apply_live(conn, live, set(rows))
+
+    # ---- live sessions (what SQL knows is not ended; see tables.live_sessions) ----------
+    async def live_rows(self, ids: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        """``live_sessions`` rows by id (all of them when ``ids`` is None)."""
+        q = select(t.live_sessions)
+        if ids is not None:
+            if not ids:
+                return {}
+            q = q.where(t.live_sessions.c.id.in_(list(ids)))
+        async with self.engine.connect() as conn:
+            return {r["id"]: dict(r) for r in (await conn.execute(q)).mappings().all()}
+
+    async def ended_ids(self, ids: Sequence[str]) -> set[str]:
+        """Which of ``ids`` have a history row (ended)."""
+        if not ids:
+            return set()
+        async with self.engine.connect() as conn:
+            res = await conn.execute(select(t.sessions.c.id).where(t.sessions.c.id.in_(list(ids))))
+            return {r[0] for r in res.all()}
+
+    async def end_lost(self, rows: Sequence[dict[str, Any]], now_ms: int, reason: str) -> int:
+        """End in SQL sessions whose live state is gone (history row with ``reason``, audit, live row
+        dropped); one transaction; returns how many were ended (a session already in history is not)."""
+        if not rows:
+            return 0
+        done = await self.ended_ids([r["id"] for r in rows])
+        todo = [r for r in rows if r["id"] not in done]
+        async with self.engine.begin() as conn:
+            for r in todo:
+                s = {**r, "ended_ms": now_ms, "end_reason": reason}
+                await conn.execute(insert(t.sessions).values(**session_row(s)))
+                await conn.execute(insert(t.audit).values(
+                    ts_ms=now_ms, actor=r["user"], role="user", action="session.end", target=r["id"],
+                    detail={"pool": r["pool"], "host": r.get("host"), "reason": reason, "gpu_seconds": 0.0},
+                    dedup_key=f"end:{r['id']}"))
+            await conn.execute(delete(t.live_sessions).where(t.live_sessions.c.id.in_([r["id"] for r in rows])))
+        return len(todo)
 
     async def session_history(self, pool: str | None = None, user: str | None = None,
                               limit: int = 100) -> list[dict[str, Any]]:

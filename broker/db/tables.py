@@ -1,7 +1,8 @@
-"""SQL tables: session history, audit log, durable pool configs, utilization samples, autoscaling.
+"""SQL tables: session history, audit log, durable pool configs, utilization samples, autoscaling, rollouts.
 
-SQL is the system of record for what happened (history, audit) and for
-configuration that must survive a Redis loss (pools).  Live state lives in
+SQL is the system of record for what happened (history, audit), for
+configuration that must survive a Redis loss (pools), and for which sessions
+were live (``live_sessions``, fed by the outbox) should Redis lose them.  Live state lives in
 Redis (``broker.store``).  The schema is created and upgraded by Alembic
 (``migrations/``); ``tests/broker/test_db.py`` checks the migration produces
 exactly these tables.
@@ -32,6 +33,7 @@ sessions = Table(
     Column("end_reason", String(32)),
     Column("wait_s", Float),
     Column("gpu_seconds", Float),
+    Column("host_version", String(64)),  # the host's version when the session was seated (canary rollout)
     Index("ix_sessions_pool_created", "pool", "created_ms"),
     Index("ix_sessions_user", "user"),
 )
@@ -103,5 +105,34 @@ recommendations = Table(
     Column("result", JSON, nullable=False),
 )
 
+rollouts = Table(
+    "rollouts",
+    metadata,
+    Column("pool", String(63), primary_key=True),
+    Column("policy", JSON, nullable=False),  # broker.rollout.policy.RolloutPolicy.to_dict()
+    Column("state", String(16), nullable=False),  # active | rolled_back (a promotion deletes the row)
+    Column("started_ms", BigInteger, nullable=False),  # sessions seated since then are judged
+    Column("updated_ms", BigInteger, nullable=False),
+    Column("last", JSON),  # the latest evaluation: verdict, reason, the health figures behind it
+)
+
+# Sessions not yet ended, as SQL last heard of them from the outbox (queued: no host yet; seated:
+# host and GPU).  A row goes when the session's end reaches ``sessions``.  After Redis loses its
+# live state this is what re-registering nodes' claims are checked against, and what is ended
+# (state_lost) when nobody claims it.
+live_sessions = Table(
+    "live_sessions",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("pool", String(63), nullable=False),
+    Column("user", String(128), nullable=False),
+    Column("host", String(63)),
+    Column("gpu", Integer),
+    Column("kind", String(16)),
+    Column("profile", JSON),
+    Column("created_ms", BigInteger, nullable=False),
+    Column("seated_ms", BigInteger),
+)
+
 ALL_TABLES = ("sessions", "audit", "pools", "pool_samples", "scaling_plans", "autoscale_decisions",
-              "recommendations")
+              "recommendations", "rollouts", "live_sessions")

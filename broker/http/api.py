@@ -401,6 +401,11 @@ async def readyz(request: web.Request) -> web.Response:
     try:
         await b.live.ping()
         checks["redis"] = "ok"
+        # live state: this process's generation still in Redis (absent: Redis lost it and the
+        # reaper is restoring pools from SQL; another: a peer restored it, this one joins next pass)
+        epoch = await b.live.get_epoch()
+        checks["live_state"] = ("recovering" if b.recovering else "ok" if epoch is not None and epoch == b.epoch
+                                else "lost: restoring from SQL" if epoch is None else "new generation: joining")
     except Exception as exc:  # readiness reports, never raises
         checks["redis"] = f"unavailable: {type(exc).__name__}"
     try:

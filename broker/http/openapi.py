@@ -21,6 +21,7 @@ from broker.models import (
     TOKEN_SCHEMA,
 )
 from broker.protocol import API_PREFIX, all_constants
+from broker.rollout.policy import POLICY_SCHEMA
 from broker.validate import Schema, to_json_schema
 
 A = API_PREFIX
@@ -45,6 +46,17 @@ DOCS: dict[tuple[str, str], tuple[str, str, Schema | None]] = {
                                               "synthetic demand), host-hours vs the packing oracle and lower bound",
                                               "admin", SIMULATE_SCHEMA),
     ("GET", f"{A}/pools/{{name}}/recommendation"): ("The latest pool-sizing recommendation", "admin", None),
+    ("PUT", f"{A}/pools/{{name}}/rollout"): ("Start or restart a canary rollout: a share of new sessions on hosts of "
+                                             "a candidate version, judged for promote/rollback (audited)", "admin",
+                                             POLICY_SCHEMA),
+    ("GET", f"{A}/pools/{{name}}/rollout"): ("The rollout: policy, state, seating split, hosts by version class, "
+                                             "latest verdict with its figures", "admin", None),
+    ("DELETE", f"{A}/pools/{{name}}/rollout"): ("Stop the rollout without a verdict (drained hosts stay drained)",
+                                                "admin", None),
+    ("POST", f"{A}/pools/{{name}}/rollout/promote"): ("Promote the candidate now (body {reason}, audited)", "admin",
+                                                      None),
+    ("POST", f"{A}/pools/{{name}}/rollout/rollback"): ("Roll back now: drain the candidate's hosts (body {reason}, "
+                                                       "audited)", "admin", None),
     ("POST", f"{A}/hosts"): ("Register a render node and its GPUs; answers a credential bound to the host id",
                               "node (shared token or the host's credential)", HOST_SCHEMA),
     ("GET", f"{A}/hosts"): ("Hosts with GPU telemetry (?pool=)", "admin", None),

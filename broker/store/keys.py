@@ -13,6 +13,11 @@ Key map (``P`` is the prefix, default ``rb``)::
     P:pool:{pool}:avail         zset   placement index: up hosts with a free seat, scored for the pool's
                                        strategy (breadth-first: used * 2^20 + 2^20 - 1 - free; depth-first:
                                        -used; ties by host id); the seating step reads its head
+    P:pool:{pool}:rollout       hash   a canary rollout's live half: candidate ``version``, ``share_pct``, ``n``
+                                       (the pool's seating counter that picks each seating's version class);
+                                       exists while the pool has a rollout (the policy is in SQL)
+    P:pool:{pool}:avail:{c}     zset   while a rollout exists: the avail index split by version class, c = ``c``
+                                       (hosts of the candidate version) or ``s`` (the rest), same scores
     P:pool:{pool}:stats         hash   counters: hosts_{state}, seats_total / seats_free (up hosts),
                                        seats_used (hosts not down), s_{state} live sessions by state
     P:hosts                     set    every host id
@@ -36,7 +41,16 @@ Key map (``P`` is the prefix, default ``rb``)::
     P:due:warn                  zset   seated session not yet warned -> when max-duration ends it (ms)
     P:due:purge                 zset   down host id -> when its record is dropped (ms)
     P:index:version             string INDEX_VERSION once the indexes above were built from the records
-    P:outbox                    list   JSON records (session start/end) waiting for SQL
+    P:epoch                     string this Redis's live-state generation (a random id, no TTL), written
+                                       when a broker starts on it or restores it; its absence means the
+                                       state was lost (Redis restarted empty, a failover that lost writes)
+    P:reaper:pass               string Redis time (ms) of the last reaper pass any replica made, TTL
+                                       REAPER_PASS_TTL_S; a gap longer than a third of a lease means nobody
+                                       could reach Redis, and every lease alive at that pass gets a full one
+    P:recovery                  string JSON {epoch, at_ms, until_ms} of the last state-loss recovery, TTL
+                                       RECOVERY_TTL_S; once until_ms passes, one replica ends in SQL the
+                                       sessions SQL still counts live that no node re-claimed (state_lost)
+    P:outbox                    list   JSON records (session queued/start/end) waiting for SQL
     P:outbox:processing         list   records being written to SQL (recovered if a replica dies)
     P:lock:{name}               string leader locks for once-per-cluster loops, TTL'd
                                        (the autoscaler's per-pool lock is named ``autoscale:{pool}``)
@@ -61,6 +75,8 @@ AUTOSCALE_LOCK_MIN_TTL_S: Final = 10  # the per-pool leader lock lives max(this,
 # period) and a node's heartbeat retries, short enough that an id removed by mistake comes back soon.
 RETIRED_HOST_TTL_S: Final = 300
 INDEX_VERSION: Final = "1"  # layout of the P:pool:*:avail/stats and P:due:* indexes; a change rebuilds them
+REAPER_PASS_TTL_S: Final = 86_400  # a reaper-pass stamp nobody renewed for a day is dropped (no grace then)
+RECOVERY_TTL_S: Final = 86_400  # the record of the last state-loss recovery
 REAP_CLAIM_MS: Final = 30_000  # a claimed deadline comes due again this long after a replica took it
 
 
@@ -79,6 +95,9 @@ class Keys:
         self.due_warn = f"{prefix}:due:warn"
         self.due_purge = f"{prefix}:due:purge"
         self.index_version = f"{prefix}:index:version"
+        self.epoch = f"{prefix}:epoch"
+        self.reaper_pass = f"{prefix}:reaper:pass"
+        self.recovery = f"{prefix}:recovery"
 
     def pool(self, name: str) -> str:
         return f"{self.prefix}:pool:{name}"
@@ -91,6 +110,13 @@ class Keys:
 
     def pool_avail(self, name: str) -> str:
         return f"{self.prefix}:pool:{name}:avail"
+
+    def pool_rollout(self, name: str) -> str:
+        return f"{self.prefix}:pool:{name}:rollout"
+
+    def pool_avail_class(self, name: str, cls: str) -> str:
+        """The avail index of one version class (``c`` candidate, ``s`` stable) during a rollout."""
+        return f"{self.prefix}:pool:{name}:avail:{cls}"
 
     def pool_stats(self, name: str) -> str:
         return f"{self.prefix}:pool:{name}:stats"

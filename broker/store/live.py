@@ -14,6 +14,11 @@ takes only what is due (``expire_hosts``, ``claim_due_sessions``); a pool
 summary reads counters.  ``ensure_indexes`` builds the indexes once from the
 records (an upgrade) and ``reindex_pool`` rebuilds one pool (a repair).
 
+Losing Redis: ``reaper_pass`` renews every live lease after a gap in reaper
+passes (an outage), ``get_epoch``/``claim_epoch`` tell a Redis that lost its
+state from one that did not, and ``adopt_sessions`` rebuilds the sessions a
+re-registering node still streams (``broker.service`` drives all three).
+
 Concurrency: one ``redis.asyncio.Redis`` connection pool per process, shared by
 all handlers and loops.  Scripts are loaded by SHA and re-sent on NOSCRIPT
 (redis-py's ``Script`` does this), so a Redis restart is survived.
@@ -32,12 +37,19 @@ from broker.lifecycle import START_TIMEOUT_MS
 from broker.models import Gpu, PoolConfig
 from broker.placement import GpuLoad, HostLoad, gpu_seats
 from broker.protocol import HostState, SessionState
-from broker.store.keys import DOWN_HOST_TTL_S, ENDED_SESSION_TTL_S, INDEX_VERSION, RETIRED_HOST_TTL_S, Keys
+from broker.store.keys import (
+    DOWN_HOST_TTL_S,
+    ENDED_SESSION_TTL_S,
+    INDEX_VERSION,
+    REAPER_PASS_TTL_S,
+    RETIRED_HOST_TTL_S,
+    Keys,
+)
 
 SCRIPT_NAMES = (
     "create_session", "end_session", "session_state", "touch_session", "register_host", "heartbeat",
     "host_down", "host_state", "remove_host", "put_pool", "delete_pool", "expire_hosts", "purge_hosts",
-    "claim_sessions", "reschedule", "take_warning", "reindex_pool",
+    "claim_sessions", "reschedule", "take_warning", "reindex_pool", "set_rollout", "reaper_pass", "adopt_sessions",
 )
 
 _INT_FIELDS = ("created_ms", "seated_ms", "started_ms", "last_active_ms", "disconnected_ms", "ended_ms", "state_ms",
@@ -49,7 +61,8 @@ def _load_scripts() -> dict[str, str]:
     base = resources.files("broker.store") / "lua"
     # constants whose home is Python, so Lua and Python cannot drift apart
     header = (f"local ENDED_TTL_S = {ENDED_SESSION_TTL_S}\n"
-              f"local START_TIMEOUT_MS = {START_TIMEOUT_MS}\n")
+              f"local START_TIMEOUT_MS = {START_TIMEOUT_MS}\n"
+              f"local REAPER_PASS_TTL_S = {REAPER_PASS_TTL_S}\n")
     prelude = header + (base / "prelude.lua").read_text()
     return {name: prelude + "\n" + (base / f"{name}.lua").read_text() for name in SCRIPT_NAMES}
 
@@ -157,6 +170,23 @@ class LiveStore:
     async def delete_pool(self, name: str) -> str:
         return _s(await self._run("delete_pool", name))
 
+    async def set_rollout(self, pool: str, version: str, share_pct: int) -> str:
+        """Start/change (``version`` non-empty) or stop a pool's canary split; ok | unknown_pool.
+
+        While it stands, each seating prefers the candidate class by the pool's counter (see
+        ``create_session.lua``) and the Lua steps keep ``avail:c``/``avail:s`` equal to a split of avail.
+        """
+        return _s(await self._run("set_rollout", pool, version, share_pct))
+
+    async def rollout_split(self, pool: str) -> dict[str, Any] | None:
+        """The pool's rollout as Redis holds it: version, share_pct, seatings counted (None = none)."""
+        raw = await self.redis.hgetall(self.keys.pool_rollout(pool))
+        if not raw:
+            return None
+        d = {_s(k): _s(v) for k, v in raw.items()}
+        return {"version": d.get("version", ""), "share_pct": int(float(d.get("share_pct") or 0)),
+                "seatings": int(d.get("n") or 0)}
+
     # ---- sessions ------------------------------------------------------------------
     async def create_session(self, session_id: str, user: str, pool: str, profile: dict[str, Any],
                              now_ms: int) -> CreateResult | str:
@@ -218,6 +248,33 @@ class LiveStore:
         res = await self._run("register_host", host_id, pool, address, gpus_json, now_ms, lease_ttl_ms, version)
         return _s(res[0]), [_s(x) for x in res[1:]]
 
+    async def adopt_sessions(self, host_id: str, now_ms: int, claims: list[dict[str, Any]]) -> dict[str, str]:
+        """Re-adopt sessions a re-registering node still runs (see ``lua/adopt_sessions.lua``).
+
+        Each claim: id, user, pool, kind, gpu, profile (dict or None), state, created_ms, seated_ms,
+        started_ms (0: unknown).  Returns session id -> adopted | kept | stop.
+        """
+        if not claims:
+            return {}
+        args: list[Any] = [host_id, now_ms, len(claims)]
+        for c in claims:
+            args += [c["id"], c["user"], c["pool"], c.get("kind") or "", int(c["gpu"]),
+                     json.dumps(c["profile"]) if c.get("profile") else "", c["state"],
+                     int(c.get("created_ms") or 0), int(c.get("seated_ms") or 0), int(c.get("started_ms") or 0)]
+        res = [_s(x) for x in await self._run("adopt_sessions", *args)]
+        return dict(zip(res[::2], res[1::2], strict=True))
+
+    # ---- epoch (live-state generation) ---------------------------------------------------
+    async def get_epoch(self) -> str | None:
+        """This Redis's live-state generation; None when the state was lost (or never initialised)."""
+        v = await self.redis.get(self.keys.epoch)
+        return None if v is None else _s(v)
+
+    async def claim_epoch(self, candidate: str) -> str:
+        """Write ``candidate`` as the epoch unless one exists; returns the epoch now in force."""
+        await self.redis.set(self.keys.epoch, candidate, nx=True)
+        return await self.get_epoch() or candidate
+
     async def heartbeat(self, host_id: str, now_ms: int, lease_ttl_ms: int,
                         telemetry: dict[str, Any]) -> HeartbeatResult:
         """Renew the lease from ``now_ms`` (the arrival), store ``telemetry`` and reconcile its sessions.
@@ -257,6 +314,12 @@ class LiveStore:
         return _s(res[0]), [_s(x) for x in res[1:]]
 
     # ---- deadlines (the reaper's inputs; each call reads only what is due) ------------------
+    async def reaper_pass(self, now_ms: int, gap_ms: int, lease_ttl_ms: int) -> tuple[int, int]:
+        """Stamp this reaper pass; after a gap over ``gap_ms`` (nobody reached Redis), give every lease
+        that was alive at the previous pass a full one from ``now_ms``.  Returns (gap ms or -1, hosts granted)."""
+        res = await self._run("reaper_pass", now_ms, gap_ms, lease_ttl_ms)
+        return int(res[0]), int(res[1])
+
     async def expire_hosts(self, now_ms: int, limit: int) -> list[tuple[str, list[str]]]:
         """Mark down up to ``limit`` hosts whose lease is due; returns (host, ended session ids) each."""
         res = await self._run("expire_hosts", now_ms, limit, DOWN_HOST_TTL_S)

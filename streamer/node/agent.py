@@ -18,7 +18,9 @@ renews it before it expires or when the broker rotated its key.  A call refused 
 (credential expired, its key removed, or a broker that wants a credential the node lacks) makes the
 node register again: with its credential when it still holds one, else with the node token.  A
 broker that predates credentials answers without one; the node then keeps the node token.
-A host the broker forgot (404 with ``reregister``) registers again; a host an
+A host the broker forgot (404 with ``reregister``; e.g. its Redis came back empty) registers
+again, listing the sessions it still streams (user, GPU, kind, profile, state) so the broker
+re-adopts them; it stops those the reply lists in ``stop``.  A host an
 admin or the autoscaler removed (410 ``host_retired``, on register or
 heartbeat) stops: the agent ends its sessions and ``run()`` returns, so a
 scaled-in node never comes back under its id before its provider stops it.
@@ -34,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib.metadata
 import json
 import logging
 import ssl
@@ -66,6 +69,18 @@ class Retired(Exception):
     """The broker retired this host id (HTTP 410): stop, never register again under it."""
 
 
+def node_version(settings: NodeSettings) -> str:
+    """The version string this node registers with: ``NODE_VERSION`` when set, else the package version.
+
+    The broker keeps it per host and a pool's canary rollout routes by it (``broker.rollout``)."""
+    if settings.version:
+        return settings.version[:64]
+    try:
+        return importlib.metadata.version("render-broker")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree that was never installed
+        return "0+unknown"
+
+
 def _refused(status: int) -> bool:
     """401 (credential expired or forged) or 403 (not this host's credential): register again."""
     return status in (401, 403)
@@ -76,6 +91,9 @@ class NodeAgent:
         self.s = settings
         self.host_id = settings.resolved_host_id()
         self.sessions: dict[str, SessionRuntime] = {}
+        # what the broker said of each running session (user, GPU, kind, profile) and when it started:
+        # a re-registration lists them, so a broker whose Redis lost its state re-adopts them
+        self._claims: dict[str, dict[str, Any]] = {}
         self._starting: dict[str, asyncio.Task[None]] = {}
         self.gpus: list[GpuInfo] = []
         self._http: aiohttp.ClientSession | None = None
@@ -223,14 +241,17 @@ class NodeAgent:
             "pool": self.s.pool,
             "address": self.s.address or self.host_id,
             "gpus": [g.to_wire() for g in self.gpus],
-            "version": "render-node/0.1",
+            "version": node_version(self.s),
+            "sessions": self._session_claims(),
         }
         if self.credential is not None:  # re-registering: prove it is this host with its own credential
             async with self.http.post(self._url("/hosts"), json=body, headers=self._auth()) as r:
                 if r.status == 410:
                     raise Retired(await r.text())
                 if r.status == 201:
-                    self._take_credential(await r.json())
+                    data = await r.json()
+                    self._take_credential(data)
+                    await self._stop_refused(data)
                     self._registered_now()
                     return
                 if not _refused(r.status):
@@ -244,8 +265,28 @@ class NodeAgent:
                 raise Retired(await r.text())
             if r.status != 201:
                 raise RuntimeError(f"register failed: {r.status} {await r.text()}")
-            self._take_credential(await r.json())
+            data = await r.json()
+            self._take_credential(data)
+        await self._stop_refused(data)
         self._registered_now()
+
+    def _session_claims(self) -> list[dict[str, Any]]:
+        """The running sessions as a registration lists them (id, user, state, GPU, kind, profile, start)."""
+        out = []
+        for sid, rt in self.sessions.items():
+            claim = self._claims.get(sid)
+            if claim is None:
+                continue
+            state = "running" if rt.stats().get("connected") else "disconnected"
+            out.append({"id": sid, "state": state, **claim})
+        return out
+
+    async def _stop_refused(self, reply: dict[str, Any]) -> None:
+        """Stop the sessions a registration reply lists in ``stop`` (ended, elsewhere, or refused)."""
+        for sid in reply.get("stop") or []:
+            await self._stop_session(str(sid), "not re-adopted by the broker", report=False)
+        if reply.get("adopted"):
+            log.warning("broker re-adopted %d running session(s) on re-registration", len(reply["adopted"]))
 
     def _registered_now(self) -> None:
         self.registered.set()
@@ -423,6 +464,10 @@ class NodeAgent:
             return
         self.sessions[sid] = rt
         del self._starting[sid]
+        gpu = seat_gpu(s.get("gpu"))
+        if gpu is not None and s.get("user"):
+            self._claims[sid] = {"user": s["user"], "gpu": gpu, "kind": s.get("kind"),
+                                 "profile": s.get("profile") or None, "started_ms": int(time.time() * 1000)}
         log.info(
             "session %s ready in %.0f ms (%s %dx%d@%d)",
             sid,
@@ -453,6 +498,7 @@ class NodeAgent:
 
     async def _stop_session(self, sid: str, why: str, *, report: bool) -> None:
         rt = self.sessions.pop(sid, None)
+        self._claims.pop(sid, None)
         task = self._starting.pop(sid, None)
         if task is not None:
             task.cancel()

@@ -55,6 +55,9 @@ class NodeSettings:
                                                 "again; 3 trips within an hour keep it drained for an operator")
     health_host: str = opt("0.0.0.0", "Address of the node's /healthz endpoint")
     health_port: int = opt(0, "TCP port of the node's /healthz endpoint (Kubernetes probes); 0 = off")
+    version: str = opt("", "Build/version this node reports at registration (an image tag, a build id); the "
+                           "broker's canary rollout sends a share of sessions to hosts of a candidate version. "
+                           "Empty = the installed render-broker package version")
     log_level: str = opt("info", "Logging level")
 
     def resolved_host_id(self) -> str:

@@ -23,10 +23,22 @@ if #live >= tonumber(cfg['max_sessions_per_user']) then
   return out
 end
 
+-- Canary rollout: the pool's seating counter n says which version class this seating prefers, so
+-- exactly floor(n * share / 100) of the first n seatings prefer the candidate (broker.rollout.policy.
+-- prefers_candidate is the same rule); a class without a free seat falls back to the whole index.
+local function rollout_pref(p)
+  local r = redis.call('HMGET', k_rollout(p), 'version', 'share_pct')
+  if not r[1] then return nil end
+  local share = tonumber(r[2]) or 0
+  local n = redis.call('HINCRBY', k_rollout(p), 'n', 1)
+  if math.floor(n * share / 100) > math.floor((n - 1) * share / 100) then return 'c' end
+  return 's'
+end
+
 local qkey = k_queue(pool)
 local qlen = redis.call('LLEN', qkey)
 local host, gpu = nil, nil
-if qlen == 0 then host, gpu = pick(pool) end  -- FIFO: nobody jumps a non-empty queue
+if qlen == 0 then host, gpu = pick(pool, rollout_pref(pool)) end  -- FIFO: nobody jumps a non-empty queue
 if host == nil and qlen >= tonumber(cfg['max_queue']) then return {'queue_full', ''} end
 
 redis.call('HSET', k_session(sid), 'user', user, 'pool', pool, 'kind', cfg['kind'], 'profile', profile,
@@ -42,6 +54,8 @@ if host ~= nil then
 else
   local pos = redis.call('RPUSH', qkey, sid)
   schedule(sid)
+  -- SQL learns of the queued session (live_sessions), so a Redis that loses it cannot lose it silently
+  redis.call('RPUSH', k_outbox(), cjson.encode({kind = 'queued', session = session_view(sid), ts_ms = now}))
   publish_state(sid, 'queued', {queue_position = pos})
   out = {'queued', sid, pos}
 end

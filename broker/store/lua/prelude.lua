@@ -6,6 +6,8 @@
 --
 -- Indexes kept by these steps (so no step, and no reaper pass, walks the fleet):
 --   P:pool:{pool}:avail  zset  up hosts with a free seat, scored for the pool's strategy
+--   P:pool:{pool}:avail:c / :avail:s  zsets  while the pool has a rollout (P:pool:{pool}:rollout):
+--                        the avail index split into candidate-version hosts and the rest (same scores)
 --   P:pool:{pool}:stats  hash  counters: hosts by state, seats total/free/used, sessions by state
 --   P:due:leases         zset  host -> lease due (ms)
 --   P:due:sessions       zset  live session -> when the timeout policy could end it (ms)
@@ -19,6 +21,9 @@ local function k_pool(n) return P .. ':pool:' .. n end
 local function k_pool_hosts(n) return P .. ':pool:' .. n .. ':hosts' end
 local function k_queue(n) return P .. ':pool:' .. n .. ':queue' end
 local function k_avail(n) return P .. ':pool:' .. n .. ':avail' end
+-- canary rollout (broker/rollout): the policy's Redis half and the avail index split by version class
+local function k_rollout(n) return P .. ':pool:' .. n .. ':rollout' end
+local function k_avail_class(n, c) return P .. ':pool:' .. n .. ':avail:' .. c end
 local function k_stats(n) return P .. ':pool:' .. n .. ':stats' end
 local function k_hosts() return P .. ':hosts' end
 local function k_host(h) return P .. ':host:' .. h end
@@ -33,6 +38,7 @@ local function k_due_leases() return P .. ':due:leases' end
 local function k_due_sessions() return P .. ':due:sessions' end
 local function k_due_warn() return P .. ':due:warn' end
 local function k_due_purge() return P .. ':due:purge' end
+local function k_reaper_pass() return P .. ':reaper:pass' end
 local function c_session(s) return P .. ':ev:session:' .. s end
 local function c_pool(n) return P .. ':ev:pool:' .. n end
 local function c_node(h) return P .. ':node:' .. h end
@@ -94,6 +100,22 @@ local function avail_score(strategy, used, free)
   return used * SCORE_BASE + (SCORE_BASE - 1 - free)
 end
 
+-- Keep a host's entry in the pool's version-class indexes equal to its avail entry (``score`` nil =
+-- not in avail).  Only while the pool has a rollout: then avail:c holds the hosts whose version is
+-- the candidate and avail:s the others, so the two always partition avail.
+local function sync_class(pool, h, version, score)
+  local rv = redis.call('HGET', k_rollout(pool), 'version')
+  if not rv then return end
+  local cls, other = 's', 'c'
+  if version == rv then cls, other = 'c', 's' end
+  redis.call('ZREM', k_avail_class(pool, other), h)
+  if score == nil then
+    redis.call('ZREM', k_avail_class(pool, cls), h)
+  else
+    redis.call('ZADD', k_avail_class(pool, cls), score, h)
+  end
+end
+
 -- What a host in state ``st`` adds to its pool's counters.
 local function contribution(st, seats, used, free, sign, into)
   if st == false or st == nil or st == '' then return end
@@ -116,7 +138,7 @@ end
 -- placement index) from what was last accounted to what is true now.
 local function refresh_host(h)
   local hkey = k_host(h)
-  local f = redis.call('HMGET', hkey, 'state', 'pool', 'g', 'acct', 'seats', 'used', 'free')
+  local f = redis.call('HMGET', hkey, 'state', 'pool', 'g', 'acct', 'seats', 'used', 'free', 'version')
   local state, pool = f[1], f[2]
   if pool == false then return end
   if state == false then state = '' end
@@ -143,9 +165,12 @@ local function refresh_host(h)
   redis.call('HSET', hkey, 'acct', state, 'seats', seats, 'used', used, 'free', free)
   if state == 'up' and free > 0 then
     local strategy = redis.call('HGET', k_pool(pool), 'strategy') or 'breadth-first'
-    redis.call('ZADD', k_avail(pool), avail_score(strategy, used, free), h)
+    local score = avail_score(strategy, used, free)
+    redis.call('ZADD', k_avail(pool), score, h)
+    sync_class(pool, h, f[8], score)
   else
     redis.call('ZREM', k_avail(pool), h)
+    sync_class(pool, h, f[8], nil)
   end
 end
 
@@ -159,6 +184,8 @@ local function unaccount_host(h)
   apply_counts(f[1], delta)
   redis.call('HSET', hkey, 'acct', '')
   redis.call('ZREM', k_avail(f[1]), h)
+  redis.call('ZREM', k_avail_class(f[1], 'c'), h)
+  redis.call('ZREM', k_avail_class(f[1], 's'), h)
 end
 
 -- The GPU of a host that gets the next session: fewest used, then lowest index, with a free seat.
@@ -182,11 +209,10 @@ local function pick_gpu(h)
   return best
 end
 
--- Placement: the first host of the pool's index whose lease lives.  The index holds only up hosts
+-- Placement: the first host of an index whose lease lives.  The index holds only up hosts
 -- with a free seat, so this reads O(log n) keys; a host whose lease ran out (not yet marked down
 -- by the reaper) is skipped, not removed.
-local function pick(pool)
-  local key = k_avail(pool)
+local function pick_in(key)
   local from = 0
   while true do
     local ids = redis.call('ZRANGE', key, from, from + 7)
@@ -199,6 +225,18 @@ local function pick(pool)
     end
     from = from + 8
   end
+end
+
+-- The pool's next host: from the version class ``pref`` ('c' candidate, 's' stable; nil = no
+-- preference) when it has a free seat, else from the whole index.  The class indexes only order the
+-- preference: a seat is taken by pick_gpu's check on the host itself, so a stale class entry can
+-- never over-seat.
+local function pick(pool, pref)
+  if pref ~= nil then
+    local h, gpu = pick_in(k_avail_class(pool, pref))
+    if h ~= nil then return h, gpu end
+  end
+  return pick_in(k_avail(pool))
 end
 
 local function publish_state(sid, state, extra)
@@ -298,9 +336,10 @@ local function bind(sid, pool, host, gpu, now)
   redis.call('HINCRBY', hkey, 'u:' .. gpu, 1)
   refresh_host(host)
   redis.call('SADD', k_host_sessions(host), sid)
-  local address = redis.call('HGET', hkey, 'address') or ''
+  local hf = redis.call('HMGET', hkey, 'address', 'version')
+  local address = hf[1] or ''
   redis.call('HSET', k_session(sid), 'state', 'starting', 'host', host, 'gpu', tostring(gpu),
-             'address', address, 'seated_ms', now, 'last_active_ms', now)
+             'address', address, 'host_version', hf[2] or '', 'seated_ms', now, 'last_active_ms', now)
   count_session(pool, 'queued', 'starting')
   schedule(sid)
   local s = session_view(sid)

@@ -5,7 +5,7 @@
 local pool, now = ARGV[2], tonumber(ARGV[3])
 local cfg = pool_cfg(pool)
 if cfg == nil then return {0, 0} end
-redis.call('DEL', k_avail(pool), k_stats(pool))
+redis.call('DEL', k_avail(pool), k_stats(pool), k_avail_class(pool, 'c'), k_avail_class(pool, 's'))
 local nh, ns = 0, 0
 local function index_session(sid)
   local s = read_clock(sid)

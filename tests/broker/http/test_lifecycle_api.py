@@ -177,7 +177,7 @@ async def test_metrics_openapi_and_health(api) -> None:
     assert all(op["summary"] for ops in doc["paths"].values() for op in ops.values())
     assert (await api.get("/healthz")).status == 200
     ready = await api.get("/readyz")
-    assert ready.status == 200 and (await ready.json())["checks"] == {"redis": "ok", "sql": "ok"}
+    assert ready.status == 200 and (await ready.json())["checks"] == {"redis": "ok", "live_state": "ok", "sql": "ok"}
 
 
 async def test_state_survives_a_broker_restart(aiohttp_client, settings_factory, clock) -> None:
