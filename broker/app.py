@@ -23,6 +23,7 @@ from pathlib import Path
 import redis.asyncio as aioredis
 import redis.exceptions as redis_errors
 from aiohttp import web
+from redis.asyncio.sentinel import Sentinel
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from broker.autoscale.providers import provider_from_settings
@@ -33,7 +34,7 @@ from broker.embedded import EmbeddedRedis
 from broker.errors import BrokerError, MalformedBody, NotFound, Unavailable
 from broker.http import realtime  # noqa: F401  (registers the streaming routes on broker.http.api.routes)
 from broker.http.api import path_params_middleware, routes
-from broker.http.edge import EDGE, Edge
+from broker.http.edge import EDGE, Edge, parse_listen
 from broker.http.openapi import openapi_document
 from broker.http.plans import SCALER, plan_routes
 from broker.http.rollout import ROLLOUTS, rollout_routes
@@ -88,6 +89,15 @@ async def problem_middleware(request: web.Request,
 
 async def _redis_ctx(app: web.Application) -> AsyncIterator[None]:
     s = app[SETTINGS]
+    if s.redis_sentinels:
+        client = sentinel_client(s)
+        app[REDIS_KEY] = client
+        log.info("Redis through sentinels %s, master %r", ", ".join(s.redis_sentinels), s.redis_sentinel_master)
+        try:
+            yield
+        finally:
+            await client.aclose()
+        return
     embedded = None
     url = s.redis_url
     if not url:
@@ -113,6 +123,18 @@ async def _redis_ctx(app: web.Application) -> AsyncIterator[None]:
         await pool.aclose()
         if embedded:
             await embedded.stop()
+
+
+def sentinel_client(s: BrokerSettings) -> aioredis.Redis:
+    """A client of the master the sentinels name: each new connection asks them where it is, so after a
+    failover the broker's next calls reach the promoted replica (calls in flight fail with a 503 and the
+    pub/sub hub reconnects).  Same timeouts and pool size as a plain URL."""
+    addresses = [a for a in (parse_listen(item, "redis_sentinels") for item in s.redis_sentinels) if a]
+    timeouts = {"socket_timeout": s.redis_timeout_s, "socket_connect_timeout": s.redis_timeout_s}
+    sentinel = Sentinel(addresses, sentinel_kwargs=timeouts, **timeouts)
+    client: aioredis.Redis = sentinel.master_for(s.redis_sentinel_master, max_connections=s.redis_max_connections,
+                                                 health_check_interval=10)
+    return client
 
 
 def _database_url(s: BrokerSettings) -> str:

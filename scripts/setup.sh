@@ -11,6 +11,7 @@ DEB_PACKAGES=(xvfb openbox xterm xdotool x11-utils xclip chromium iproute2 iptab
   gcc libc6-dev python3-dev libnetfilter-queue-dev
   libegl1 libegl-mesa0 libgl1 libgl1-mesa-dri libgles2  # EGL + llvmpipe: the game's GL renderer without a GPU
   prometheus  # promtool: tests/infra/test_monitoring.py checks and unit-tests the alert rules
+  redis-server  # the system redis-server: tests/broker/test_sentinel.py runs a master, a replica and a sentinel
   nginx-light  # reverse proxy: tests/infra/test_nginx.py runs infra/nginx/render-broker.conf (its daemon is not used)
   coturn  # TURN server: tests/netem/test_turn.py relays sessions through it (its daemon is not enabled)
   # GStreamer 1.22 webrtcbin + the system Python's gi bindings: tests/streamer/media/test_webrtcbin_e2e.py
