@@ -78,7 +78,15 @@ settling, input RTT p95 < path RTT + 100 ms.  Each row says ok / MISS per sender
 that could not be measured says why.  Figures on a loaded 2-core machine are noisy: the
 sender, the viewer's decoder and the delay emulator share the two cores.
 
-Size: about 670 lines in one script on purpose: it is run as root on its own (namespaces),
+Matrix mode (issue #22; ``--matrix``, or ``--cells PATTERN...`` for a subset): capacity 2/4/8 Mbps x
+bottleneck queue 30/60/100 ms x path RTT 20/60/120 ms, each cell warming up at twice its capacity and
+then measured at it (a settle after a drop in every cell), plus ``burst`` (loss bursts) and ``step``
+(10 -> 3 -> 10 Mbps); see ``cells()``.  The fixed sender runs at ``FIXED_SHARE`` of the cell's lowest
+capacity.  Per cell and sender: freezes after settling per minute, settle after the drop, frame delay
+p95, utilization, input RTT p95 over the path's, overflows after settling, with the issue's goals
+(``GOAL_*``: <= 1 freeze/min, settle < 1 s, p95 within 15 ms of the best sender, >= 80 %, path + 50 ms).
+
+Size: about 900 lines in one script on purpose: it is run as root on its own (namespaces),
 and its scenario table, the three senders' set-up and the figures' printing belong together;
 the peers live in ``bench/abr_peers.py`` and the Chromium viewer in ``bench/abr_chromium.py``.
 """
@@ -86,6 +94,7 @@ the peers live in ``bench/abr_peers.py`` and the Chromium viewer in ``bench/abr_
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import itertools
 import json
 import math
@@ -98,7 +107,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -125,6 +134,7 @@ TARGET_INPUT_OVER_PATH_MS = 100.0
 STARTUP_TIMEOUT_S = 40.0  # sender ready + first decoded frame
 RESULT_TIMEOUT_S = 30.0
 ECHO_PORT = 9977
+BURST_TICK_S = 0.02  # a phase with loss bursts checks its burst clock this often
 LOG_DIR = Path(tempfile.gettempdir()) / "bench_abr_logs"
 
 
@@ -133,6 +143,17 @@ class Phase:
     duration_s: float
     down: Link
     up: Link = Link()
+    # bursty loss: every ``period_s`` (first at period_s / 2), ``length_s`` of ``loss_percent``
+    # random loss on the downlink, then back to ``down.loss_percent`` (set live on the Lab)
+    bursts: tuple[float, float, float] | None = None
+
+    def burst_loss(self, elapsed_s: float) -> float:
+        """The downlink loss (percent) in force ``elapsed_s`` into the phase."""
+        if self.bursts is None:
+            return self.down.loss_percent
+        period_s, length_s, loss = self.bursts
+        into = (elapsed_s - period_s / 2) % period_s
+        return loss if elapsed_s >= period_s / 2 and into < length_s else self.down.loss_percent
 
 
 @dataclass(frozen=True)
@@ -311,13 +332,22 @@ def run_one(
                 end = phase_start + phase.duration_s
                 phases.append({"start": phase_start, "end": end, "capacity_bps": phase.down.rate_bps if lab else None,
                                "delay_ms": phase.down.delay_ms, "jitter_ms": phase.down.jitter_ms,
-                               "loss_percent": phase.down.loss_percent})  # fmt: skip
+                               "loss_percent": phase.down.loss_percent, "queue_ms": phase.down.queue_ms,
+                               "bursts": []})  # fmt: skip
+                loss_now = phase.down.loss_percent
+                next_sample = 0.0
                 while time.time() < end:
-                    if lab is not None:
+                    loss = phase.burst_loss(time.time() - phase_start)
+                    if lab is not None and loss != loss_now:  # a loss burst starts or ends
+                        lab.set_downlink(replace(phase.down, loss_percent=loss))
+                        phases[-1]["bursts"].append([time.time(), loss])
+                        loss_now = loss
+                    if lab is not None and time.time() >= next_sample:
                         c = lab.counters()["downlink"]
                         link_samples.append([time.time(), c["forwarded_bytes"], c["queue_dropped_packets"],
                                              c["loss_dropped_packets"]])  # fmt: skip
-                    stop_at = min(end, time.time() + LINK_SAMPLE_S)
+                        next_sample = time.time() + LINK_SAMPLE_S
+                    stop_at = min(end, time.time() + (BURST_TICK_S if phase.bursts else LINK_SAMPLE_S))
                     relay.pump(lambda: time.time() >= stop_at, 5.0, "the phase")  # noqa: B023 (called at once)
             v_child.send({"cmd": "stop"})
             s_child.send({"cmd": "stop"})
@@ -616,6 +646,185 @@ def table(scenario: Scenario, metrics: dict[str, Metrics], shaped: bool) -> str:
     return "\n".join(lines)
 
 
+# --- matrix mode (issue #22) ------------------------------------------------------------------------------
+
+MATRIX_CAPACITIES_BPS = (2_000_000, 4_000_000, 8_000_000)
+MATRIX_QUEUES_MS = (30, 60, 100)
+MATRIX_RTTS_MS = (20, 60, 120)  # path round trip: half of it added each way
+WARM_FACTOR = 2  # a grid cell opens at this x its capacity, then drops to it (settle after a drop, per cell)
+FIXED_SHARE = 0.8  # the fixed sender runs at this share of the cell's lowest capacity (it is told the path)
+# goals of issue #22
+GOAL_FREEZES_PER_MIN = 1.0
+GOAL_SETTLE_S = 1.0
+GOAL_DELAY_OVER_BEST_MS = 15.0
+GOAL_UTILIZATION = 0.80
+GOAL_INPUT_OVER_PATH_MS = 50.0
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One matrix cell: a scenario, the fixed sender's rate, and the first phase its figures cover."""
+
+    key: str
+    scenario: Scenario
+    fixed_bps: int
+    measure_from: int
+
+
+def cells(quick: bool = False) -> dict[str, Cell]:
+    """The matrix: capacity x bottleneck queue x RTT (``2M-q30-r20`` ...), plus ``burst`` and ``step``.
+
+    A grid cell opens at ``WARM_FACTOR`` x its capacity for the warm-up, then drops to its capacity
+    for the measured phase (the figures cover that phase).  ``burst``: 4 Mbps, 60 ms queue, 60 ms
+    RTT, 150 ms of 50 % loss every 2.5 s in the measured phase.  ``step``: 10 -> 3 -> 10 Mbps, 60 ms
+    queue, 40 ms RTT (the independent tester's), every phase measured.
+    """
+    warm_s, measure_s, step_s = (4.0, 10.0, 6.0) if quick else (6.0, 24.0, 15.0)
+    out: dict[str, Cell] = {}
+
+    def grid(key: str, cap: int, queue_ms: int, rtt_ms: int, bursts: tuple[float, float, float] | None = None) -> Cell:
+        way = Link(delay_ms=rtt_ms / 2)
+        down = Link(rate_bps=cap, delay_ms=rtt_ms / 2, queue_ms=queue_ms)
+        title = f"{key}: {cap / 1e6:g} Mbps, {queue_ms} ms queue, {rtt_ms} ms RTT"
+        if bursts is not None:
+            title += f", {bursts[1] * 1000:g} ms of {bursts[2]:g} % loss every {bursts[0]:g} s"
+        phases = (Phase(warm_s, replace(down, rate_bps=cap * WARM_FACTOR), way), Phase(measure_s, down, way, bursts))
+        return Cell(key, Scenario(key, title + f" (after {warm_s:g} s at {WARM_FACTOR} x)", phases),
+                    int(cap * FIXED_SHARE), 1)  # fmt: skip
+
+    for cap, queue_ms, rtt_ms in itertools.product(MATRIX_CAPACITIES_BPS, MATRIX_QUEUES_MS, MATRIX_RTTS_MS):
+        key = f"{cap // 1_000_000}M-q{queue_ms}-r{rtt_ms}"
+        out[key] = grid(key, cap, queue_ms, rtt_ms)
+    out["burst"] = grid("burst", 4_000_000, 60, 60, (2.5, 0.15, 50.0))
+    way = Link(delay_ms=20.0)
+    rates = (10_000_000, 3_000_000, 10_000_000)
+    steps = tuple(Phase(step_s, Link(rate_bps=r, delay_ms=20.0, queue_ms=60), way) for r in rates)
+    out["step"] = Cell("step", Scenario("step", f"step: 10 -> 3 -> 10 Mbps, {step_s:g} s each, 60 ms queue, 40 ms RTT",
+                                        steps), int(3_000_000 * FIXED_SHARE), 0)  # fmt: skip
+    return out
+
+
+def select_cells(all_cells: dict[str, Cell], patterns: Sequence[str]) -> list[Cell]:
+    """The cells whose key matches any of ``patterns`` (fnmatch: ``2M-*``, ``*-q30-*``), in matrix order.
+
+    Raises ValueError naming a pattern that matches no cell.
+    """
+    chosen: list[Cell] = []
+    for pattern in patterns:
+        hits = [c for k, c in all_cells.items() if fnmatch.fnmatchcase(k, pattern)]
+        if not hits:
+            raise ValueError(f"--cells: {pattern!r} matches no cell (e.g. 4M-q60-r60, 2M-*, burst, step)")
+        chosen += [c for c in hits if c not in chosen]
+    order = list(all_cells.values())
+    return sorted(chosen, key=order.index)
+
+
+@dataclass
+class CellFigures:
+    """One sender's figures in one cell (None: not measurable)."""
+
+    freezes_per_min: float | None  # freezes > 200 ms after settling, per minute of settled time
+    freezes_after: int
+    settled_min: float  # minutes counted for freezes_per_min
+    settle_s: list[float | None]  # per drop phase among the measured ones
+    delay_p95_ms: float | None
+    utilization: float | None
+    input_p95_ms: float | None
+    path_rtt_p95_ms: float | None
+    overflows_after: int | None
+
+
+def cell_figures(run: RunData, measure_from: int) -> CellFigures:
+    """The cell's figures from one run: every figure over the phases from ``measure_from`` on.
+
+    Settle is each phase's own (``analyse``); a phase that never settled counts whole, all its
+    freezes "after settling".  A phase entered by a drop (lower capacity than the phase before,
+    including the warm-up) reports its settle time.
+    """
+    whole = analyse(run)
+    measured = RunData(run.scenario, run.sender, run.shaped, run.phases[measure_from:], run.path_rtt_ms,
+                       run.viewer, run.sender_result, run.link, run.error)  # fmt: skip
+    part = analyse(measured)
+    settled_s = 0.0
+    for p, st in zip(measured.phases, whole.settle_s[measure_from:], strict=True):
+        settled_s += p["end"] - p["start"] - (st or 0.0)
+    per_min = part.freezes_after_settle / (settled_s / 60) if settled_s > 0 else None
+    drops = [i for i in whole.drop_phases if i >= measure_from]
+    return CellFigures(
+        freezes_per_min=per_min,
+        freezes_after=part.freezes_after_settle,
+        settled_min=settled_s / 60,
+        settle_s=[whole.settle_s[i] for i in drops],
+        delay_p95_ms=part.delay_p95_ms,
+        utilization=part.utilization,
+        input_p95_ms=part.input_p95_ms,
+        path_rtt_p95_ms=part.path_rtt_p95_ms,
+        overflows_after=part.overflows_after_settle,
+    )
+
+
+def cell_table(cell: Cell, figures: dict[str, CellFigures], shaped: bool) -> str:
+    """One cell: a row per sender, the goals' verdicts beside each figure, and the cell's verdict for ours."""
+    best = min((f.delay_p95_ms for f in figures.values() if f.delay_p95_ms is not None), default=None)
+    path = next((f.path_rtt_p95_ms for f in figures.values() if f.path_rtt_p95_ms is not None), None)
+    head = cell.scenario.title + (f"; path RTT p95 {path:.1f} ms" if path is not None else "")
+    cols = ("sender", "freezes/min after settle", "settle after drop s", "delay p95 ms", "utilization",
+            "input p95 ms (over path)", "overflows")  # fmt: skip
+    rows: list[list[str]] = []
+    for name, f in figures.items():
+        fpm = "n/a" if f.freezes_per_min is None else (
+            f"{f.freezes_per_min:.1f} ({f.freezes_after} in {f.settled_min * 60:.0f} s)"
+            f"{_verdict(f.freezes_per_min <= GOAL_FREEZES_PER_MIN)}")  # fmt: skip
+        settle = "/".join(_f(v, ".1f", "never") for v in f.settle_s) or "-"
+        if f.settle_s and shaped:
+            settle += _verdict(all(v is not None and v < GOAL_SETTLE_S for v in f.settle_s))
+        delay = _f(f.delay_p95_ms, ".0f")
+        if f.delay_p95_ms is not None and best is not None:
+            delay += _verdict(f.delay_p95_ms <= best + GOAL_DELAY_OVER_BEST_MS)
+        util = "n/a"
+        if f.utilization is not None:
+            util = f"{f.utilization * 100:.0f} %{_verdict(f.utilization >= GOAL_UTILIZATION)}"
+        inp = "n/a"
+        if f.input_p95_ms is not None:
+            over = f.input_p95_ms - (path or 0.0)
+            inp = f"{_f(f.input_p95_ms, '.0f')} (+{_f(over, '.0f')}){_verdict(over < GOAL_INPUT_OVER_PATH_MS)}"
+        rows.append([name, fpm, settle, delay, util, inp, _f(f.overflows_after, "d")])
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    lines = [head, "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
+    lines.append("goals: <= 1 freeze/min after settling, settle < 1 s after a drop, delay p95 <= best + 15 ms, "
+                 "utilization >= 80 %, input p95 < path + 50 ms")  # fmt: skip
+    lines.append("overflows: bottleneck-queue drops (per 0.25 s link sample) after settling, reported")
+    return "\n".join(lines)
+
+
+def run_matrix(args: argparse.Namespace, use_lab: bool, viewer: str) -> int:
+    """``--matrix``: every selected cell x sender, one cell table each; returns the failed-run count."""
+    chosen = select_cells(cells(args.quick), args.cells or ["*"])
+    print(f"matrix: {len(chosen)} cell(s) x {len(args.senders)} sender(s): {' '.join(c.key for c in chosen)}")
+    failures = 0
+    raw: list[dict[str, Any]] = []
+    for cell in chosen:
+        figures: dict[str, CellFigures] = {}
+        for sender in args.senders:
+            print(f"running {cell.key} with {sender} ...", file=sys.stderr, flush=True)
+            try:
+                run = run_one(cell.scenario, sender, use_lab=use_lab, fixed_bps=cell.fixed_bps, viewer=viewer)
+            except Exception as exc:  # boundary: one failed run must not hide the others
+                failures += 1
+                print(f"  {sender}: run failed: {exc}", file=sys.stderr, flush=True)
+                continue
+            raw.append(run.__dict__)
+            figures[sender] = cell_figures(run, cell.measure_from)
+        if figures:
+            print()
+            print(cell_table(cell, figures, use_lab))
+            sys.stdout.flush()
+    if args.json:
+        args.json.write_text(json.dumps(raw))
+    return failures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="every phase a third as long (noisier)")
@@ -625,6 +834,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fixed-bps", type=int, default=6_000_000, help="bitrate of the fixed sender")
     parser.add_argument("--viewer", choices=list(VIEWERS), help="the receiving peer (default: chromium, if it can run)")
     parser.add_argument("--json", type=Path, help="write the raw per-run data here")
+    parser.add_argument(
+        "--matrix",
+        action="store_true",
+        help="the matrix of issue #22: capacity x queue x RTT, bursty loss, a step (see cells())",
+    )
+    parser.add_argument("--cells", nargs="+", metavar="PATTERN",
+                        help="matrix cells to run (fnmatch on keys such as 4M-q60-r60, 2M-*, burst, step)")  # fmt: skip
     parser.add_argument(
         "--verbose", action="store_true", help=f"the peers log at INFO (stall keyframes, signalling) into {LOG_DIR}"
     )
@@ -641,6 +857,13 @@ def main(argv: list[str] | None = None) -> int:
     why_not = None if args.viewer else chromium_unavailable()
     viewer = args.viewer or ("aiortc" if why_not else "chromium")
     print(f"viewer: {VIEWERS[viewer][1]}" + (f" (chromium unavailable: {why_not})" if why_not else ""))
+    if args.matrix or args.cells:
+        try:
+            failures = run_matrix(args, use_lab, viewer)
+        except ValueError as exc:  # a --cells pattern that matches nothing
+            parser.error(str(exc))
+        print(f"\nchild logs: {LOG_DIR}" + (f"; {failures} run(s) failed" if failures else ""))
+        return 1 if failures else 0
     chosen = scenarios(1 / 3 if args.quick else 1.0)
     raw: list[dict[str, Any]] = []
     failures = 0

@@ -35,6 +35,14 @@ The algorithm, per update:
      show the viewer that the path carries more; the loss and delay signals and the next
      REMB fall stop the probe.
 
+Fast mode (the viewer answers delay probes, `streamer.media.probe`) keeps the bottleneck queue near
+empty (issue #22): cuts go under the viewer's receive rate (the rate the path delivered while its queue
+stood, remembered as the capacity); the ramp stops at the cruise, `CRUISE_PERCENT` of that capacity, not
+at the path's edge; a standing queue while cruising (the last `STANDING_SAMPLES` probe RTTs all over the
+baseline) goes under what the viewer receives at once; and the path's growth is found by short
+bandwidth probes (`BW_PROBE_*`: a few hundred ms over the capacity, ended by the first sign of a queue,
+bigger and sooner after each probe that found more) instead of by ramping into the queue.
+
 Invariants:
   - `profile.min_bps <= target_bps <= profile.max_bps` in every decision.
   - `target_bps <= remb_bps * REMB_HEADROOM_PERCENT // 100` within `REMB_TRUST_MS` of a
@@ -50,7 +58,7 @@ Units: `*_bps` bits per second, `*_ms` milliseconds, `fraction_lost` in RTCP's 8
 fixed point (lost / expected * 256, 0-255), jitter in milliseconds (convert RTCP's RTP
 timestamp units with `jitter_ms_from_rtp`).
 
-Size: about 760 lines on purpose: most of it is the constants, each with its measured reason, and the
+Size: about 910 lines on purpose: most of it is the constants, each with its measured reason, and the
 stages of `decide`, one pure function whose stages share its local values; the table tests read it as one.
 """
 
@@ -172,6 +180,45 @@ MIN_DRAIN_PERCENT = 50
 # over 11).  A 25 ms queue (the threshold) drains within the 500 ms hold at 95 %.
 FAST_BACKOFF_PERCENT = 95
 
+# --- fast mode: cruise under the capacity, probe it briefly (issue #22) -----------------------------
+# Ramping into the path until its queue showed (x1.08/s near the capacity, cuts at 20+ ms of queue)
+# kept the bottleneck queue partly full: frame delay p95 136 ms against 86-107 for stock aiortc on
+# the lab's 100 ms queue, and a 60 ms queue overflowed in steady state (freezes).  Now, once a cut
+# has measured the capacity (what the viewer received while the queue stood), the target cruises at
+# CRUISE_PERCENT of it, with no queue, and finds out whether the path grew by a short probe
+# every BW_PROBE_INTERVAL_MS: BW_PROBE_GAINS[rounds] % of the capacity for BW_PROBE_MS + the path's
+# round trip (the viewer's 300 ms receive window must see it), ended at once by a forming queue.
+# What the viewer received during the probe is the capacity (it carried all of it, or the path
+# was full at it); a probe that found more is followed by a bigger one BW_PROBE_AGAIN_MS later.
+# Values set from quick single runs on the ABR lab (2026-12-04), not swept; the full-matrix figures are
+# in docs/abr.md (the 90 % cruise holds goodput at 61-78 % of the link there, under the 80 % goal).
+CRUISE_PERCENT = 90
+BW_PROBE_GAINS = (104, 110, 120, 140, 150)  # percent of the capacity, by clean rounds in a row
+BW_PROBE_MS = 300
+BW_PROBE_INTERVAL_MS = 3_000
+BW_PROBE_AGAIN_MS = 500
+# A probe round counts as clean (the next one bigger) when the viewer received at least this share
+# of the capacity it started from: less means the encoder did not fill the probe, not that the path is full.
+BW_PROBE_FOUND_PERCENT = 102
+# A probe ended by a full path sets the capacity to what the viewer received, but never under this
+# share of the previous one: one noisy sample must not walk the cruise down (real drops cut instead).
+FULL_PROBE_FLOOR_PERCENT = 95
+# The standing-queue signal (cruise and bandwidth probes): the lowest of the last STANDING_SAMPLES probe
+# RTTs (each already a period's lowest) over the baseline by max(STANDING_QUEUE_MIN_MS,
+# STANDING_NOISE_FACTOR x the probe noise).  A queue that stands for 300 ms raises all three; a jitter
+# spike raises one.  Half a threshold over the baseline, one sample, could not serve: on the lab's 60 ms
+# path (a user-space delay emulator) the period's lowest of four probes spread over 62-69 ms with no
+# queue, and it cut the cruise ten times in 10 s, down to the profile minimum.  A moving average (gain
+# 1/4) could not either: it stayed over the bar for five periods after a single 120 ms sample.
+STANDING_SAMPLES = 3
+STANDING_QUEUE_MIN_MS = 8.0
+STANDING_NOISE_FACTOR = 2.0
+# A queue backoff at most this often; a standing queue within it, while the viewer receives what we
+# send, re-bases the probe baseline instead.  ABR lab, full matrix (load average about 3): without it,
+# an RTT level the user-space delay emulator raised under load read as a standing queue after every
+# cut, each cut set the capacity to 90 % of the last, and an 8 Mbps path ended at the profile minimum.
+QUEUE_BACKOFF_SPACING_MS = 2_000
+
 # --- hold after a cut -------------------------------------------------------------------
 MIN_HOLD_MS = 300  # hold for max(MIN_HOLD_MS, RTT) after a cut before increasing again
 # In a fast-mode hold a cut is taken again when the probes show the queue high and not draining
@@ -215,6 +262,10 @@ class BitrateReason(StrEnum):
     LOSS_BACKOFF = "loss_backoff"  # loss > 10 %: rate *= (1 - 0.5 * loss)
     RECV_SHORTFALL = "recv_shortfall"  # the viewer receives well under the send rate: cut to 95 % of it
     REMB_CAP = "remb_cap"  # limited by the viewer's REMB (headroom after a fall, else the probe ceiling)
+    CRUISE = "cruise"  # fast mode: at CRUISE_PERCENT of the capacity, between bandwidth probes
+    PROBE_UP = "probe_up"  # fast mode: a short bandwidth probe over the capacity
+    PROBE_DOWN = "probe_down"  # fast mode: a bandwidth probe ended (its timer or a full path): back to cruise
+    QUEUE_BACKOFF = "queue_backoff"  # fast mode: a standing queue while cruising: under what the viewer receives
     MIN_CLAMP = "min_clamp"  # raised to the profile minimum
     MAX_CLAMP = "max_clamp"  # limited to the profile maximum
 
@@ -297,6 +348,8 @@ class BitrateSignals:
     recv_rate_bps: int | None = None
     sent_matched_bps: int | None = None  # what we sent over the viewer's receive window (this update's)
     fast: bool = False  # probe answers arrive: fast mode
+    probe_floor_ms: float | None = None  # the lowest of the last STANDING_SAMPLES probe RTTs (standing queue)
+    standing: bool = False  # a standing queue: probe_floor_ms over the baseline by the standing bar
     # The fresh send rate was under APP_LIMITED_PERCENT of the target in force while it was
     # measured: the encoder does not use the bits it has (simple content), so a low REMB
     # reflects our low traffic rather than the path.
@@ -335,9 +388,17 @@ class BitrateState:
     probe_noise_ms: float = 0.0
     probe_high_samples: int = 0
     probe_seen_ms: int | None = None
+    probe_recent_ms: tuple[float, ...] = ()  # the last STANDING_SAMPLES probe RTTs, oldest first
     recv_rate_bps: int | None = None
     shortfall_samples: int = 0
     last_cut_ms: int | None = None
+    # bandwidth probes (fast mode, capacity known): the current one's end (None: cruising), the
+    # earliest start of the next, the most the viewer received during the current one, clean rounds
+    bw_probe_until_ms: int | None = None
+    bw_next_ms: int | None = None
+    bw_peak_bps: int = 0
+    bw_rounds: int = 0
+    bw_tail: bool = False  # the probe's up phase is over; bw_probe_until_ms ends its tail
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,6 +497,23 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
 
     # -- fast feedback: probe round trips and the viewer's receive rate ---------------------
     probe = _probe_signal(state, feedback.probe_rtt_ms, now_ms)
+    recent = state.probe_recent_ms
+    if feedback.probe_rtt_ms is not None:
+        recent = (*recent, feedback.probe_rtt_ms)[-STANDING_SAMPLES:]
+    floor_ms = min(recent) if len(recent) == STANDING_SAMPLES else None
+    # ... and not draining: a queue falling PROBE_DRAIN_FALL_MS a sample is a cut at work
+    draining = (
+        feedback.probe_rtt_ms is not None
+        and state.probe_rtt_ms is not None
+        and feedback.probe_rtt_ms <= state.probe_rtt_ms - PROBE_DRAIN_FALL_MS
+    )
+    standing = (
+        probe.fresh
+        and not draining
+        and floor_ms is not None
+        and bool(probe.minima)
+        and _standing(floor_ms, probe.minima[0][1], probe.prior_noise_ms)
+    )
     fast = probe.seen_ms is not None and now_ms - probe.seen_ms <= FAST_FEEDBACK_STALE_MS
     recv_rate = feedback.recv_rate_bps if feedback.recv_rate_bps is not None else state.recv_rate_bps
     # the send rate is a path's measure only while the encoder uses its bits (not app-limited)
@@ -464,11 +542,16 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
         and feedback.recv_rate_bps is not None
         and feedback.recv_rate_bps * 100 > capacity * (100 + CAPACITY_OUTGROWN_PERCENT)
         and not probe.high
+        and not (state.hold_until_ms is not None and now_ms < state.hold_until_ms)
     ):
         capacity = None  # the viewer gets more than the path carried when it last filled: it grew
     hold_until = state.hold_until_ms
     last_cut_ms = state.last_cut_ms
     in_hold = hold_until is not None and now_ms < hold_until
+    bw_until, bw_next = state.bw_probe_until_ms, state.bw_next_ms
+    bw_peak, bw_rounds, bw_tail = state.bw_peak_bps, state.bw_rounds, state.bw_tail
+    if not fast or capacity is None:  # probes are for a known capacity, in fast mode
+        bw_until, bw_peak, bw_tail = None, 0, False
     reason: BitrateReason
     if not state.started:
         candidate, reason = profile.start_bps, BitrateReason.START
@@ -513,6 +596,18 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
         if (severe or shortfall_samples >= DELAY_OVERUSE_SAMPLES) and recv_rate is not None:
             received = min(target, recv_rate)
             cuts.append((received * _drain_percent(probe) // 100, BitrateReason.RECV_SHORTFALL, recv_rate))
+        # fast mode, outside a bandwidth probe and a hold: a standing queue means the path is full at what
+        # the viewer receives; go under it before the queue reaches the cut threshold (a 30 ms bottleneck
+        # queue overflows before 2 x 20 ms).  Within QUEUE_BACKOFF_SPACING_MS of the last cut a queue that
+        # still stands although the viewer gets what we send is no queue of ours (it did not drain when we
+        # sent less): its level is the path's RTT now, the new baseline, and no reason for another cut
+        if fast and standing and bw_until is None and not in_hold and recv_rate is not None and path_limited:
+            recent_cut = last_cut_ms is not None and now_ms - last_cut_ms < QUEUE_BACKOFF_SPACING_MS
+            if not recent_cut:
+                cuts.append((min(target, recv_rate) * CRUISE_PERCENT // 100, BitrateReason.QUEUE_BACKOFF, recv_rate))
+            elif not saturated and floor_ms is not None:
+                probe = replace(probe, minima=((now_ms, floor_ms),))
+                standing = False
         # fast mode: loss without a queue (the probes see none) is the path's, not congestion
         loss_holds = loss_ratio >= LOSS_INCREASE_MAX_RATIO and not fast
         if fast:
@@ -524,6 +619,34 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
             # this congestion event is answered; a new one must persist
             delay_high_samples = shortfall_samples = 0
             probe = replace(probe, high_samples=0)
+            # a bandwidth probe ends; the next one waits a full interval, from the first size
+            bw_until, bw_next, bw_peak, bw_rounds, bw_tail = None, now_ms + BW_PROBE_INTERVAL_MS, 0, 0, False
+        elif bw_until is not None and capacity is not None:
+            # in a bandwidth probe: up (over the capacity) until its timer or a full path, then a tail
+            # at the cruise while the viewer's rate, which lags the target by the encoder, the path and
+            # its 300 ms window, shows what the probe carried
+            if feedback.recv_rate_bps is not None:
+                bw_peak = max(bw_peak, feedback.recv_rate_bps)
+            cruise = capacity * CRUISE_PERCENT // 100
+            full = (probe.fresh and (probe.high or standing)) or saturated
+            if not bw_tail and full:  # the path is full at what the viewer gets (a false alarm costs <= 5 %)
+                capacity = max(bw_peak, capacity * FULL_PROBE_FLOOR_PERCENT // 100)
+                bw_until, bw_peak, bw_rounds, bw_next = None, 0, 0, now_ms + BW_PROBE_INTERVAL_MS
+                candidate, reason = capacity * CRUISE_PERCENT // 100, BitrateReason.PROBE_DOWN
+                # the probe's own queue drains meanwhile: it is no reason for a queue backoff
+                hold_until = now_ms + max(FAST_HOLD_MS, int(rtt or 0))
+            elif not bw_tail and now_ms >= bw_until:
+                bw_tail, bw_until = True, now_ms + max(FAST_HOLD_MS, int(rtt or 0))
+                candidate, reason, hold_until = cruise, BitrateReason.PROBE_DOWN, bw_until
+            elif bw_tail and now_ms >= bw_until:
+                if bw_peak * 100 >= capacity * BW_PROBE_FOUND_PERCENT:  # it carried more: probe bigger soon
+                    capacity, bw_rounds, bw_next = bw_peak, bw_rounds + 1, now_ms + BW_PROBE_AGAIN_MS
+                else:  # the path was full, or the encoder did not fill the probe
+                    bw_rounds, bw_next = 0, now_ms + BW_PROBE_INTERVAL_MS
+                bw_until, bw_peak, bw_tail = None, 0, False
+                candidate, reason = target, BitrateReason.HOLD
+            else:
+                candidate, reason = target, BitrateReason.HOLD if bw_tail else BitrateReason.PROBE_UP
         elif (
             in_hold
             or loss_holds
@@ -534,7 +657,18 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
             candidate, reason = target, BitrateReason.HOLD
         else:
             candidate, reason, capacity = _ramp(state, capacity, rtt, now_ms, fast)
-            if fast and recv_rate is not None and path_limited:
+            ceiling = capacity * CRUISE_PERCENT // 100 if fast and capacity is not None else None
+            if ceiling is not None and capacity is not None and target >= ceiling:
+                if bw_next is None or now_ms >= bw_next:  # time for a bandwidth probe
+                    gain = BW_PROBE_GAINS[min(bw_rounds, len(BW_PROBE_GAINS) - 1)]
+                    candidate, reason = capacity * gain // 100, BitrateReason.PROBE_UP
+                    base_ms = int(probe.minima[0][1]) if probe.minima else 0
+                    bw_until, bw_peak = now_ms + BW_PROBE_MS + base_ms, 0
+                else:
+                    candidate, reason = ceiling, BitrateReason.CRUISE
+            elif fast and recv_rate is not None and path_limited:
+                if ceiling is not None:  # the fast ramp stops at the cruise
+                    candidate = min(candidate, ceiling)
                 # above the rate the path last carried, the viewer's rate leads the ramp closely
                 above = capacity is not None and target >= capacity
                 percent = FAST_ABOVE_CAPACITY_RECV_PERCENT if above else FAST_RAMP_RECV_PERCENT
@@ -576,9 +710,15 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
         probe_noise_ms=probe.noise_ms,
         probe_high_samples=probe.high_samples,
         probe_seen_ms=probe.seen_ms,
+        probe_recent_ms=recent,
         recv_rate_bps=recv_rate,
         shortfall_samples=shortfall_samples,
         last_cut_ms=last_cut_ms,
+        bw_probe_until_ms=bw_until,
+        bw_next_ms=bw_next,
+        bw_peak_bps=bw_peak,
+        bw_rounds=bw_rounds,
+        bw_tail=bw_tail,
     )
     signals = BitrateSignals(
         remb_bps=remb,
@@ -600,6 +740,8 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
         recv_rate_bps=recv_rate,
         sent_matched_bps=feedback.sent_matched_bps,
         fast=fast,
+        probe_floor_ms=floor_ms,
+        standing=standing,
         app_limited=(
             state.started
             and feedback.send_rate_bps is not None
@@ -649,7 +791,10 @@ def _probe_signal(state: BitrateState, rtt_ms: float | None, now_ms: int) -> _Pr
         high = latest > minima[0][1] + threshold
         high_samples, seen_ms = state.probe_high_samples, state.probe_seen_ms
         return _ProbeSignal(latest, minima, noise, threshold, high, False, high_samples, seen_ms, False, noise)
-    minima = _push_minimum(state.probe_minima, now_ms, rtt_ms)
+    # the baseline takes the higher of this sample and the previous one: one sample far under the path's
+    # RTT (ABR lab: 30.8 ms on a 60 ms path, once) set the baseline alone and every later sample read high
+    previous_rtt = state.probe_rtt_ms
+    minima = _push_minimum(state.probe_minima, now_ms, rtt_ms if previous_rtt is None else max(rtt_ms, previous_rtt))
     base = minima[0][1]
     threshold = _probe_threshold(base, state.probe_noise_ms)
     high = rtt_ms > base + threshold
@@ -684,6 +829,11 @@ def _queue_forming(probe: _ProbeSignal) -> bool:
     return _forming(probe.rtt_ms, probe.minima[0][1], probe.threshold_ms)
 
 
+def _standing(floor_ms: float, baseline_ms: float, noise_ms: float) -> bool:
+    """The recent probes' floor over the baseline by max(STANDING_QUEUE_MIN_MS, STANDING_NOISE_FACTOR x noise)."""
+    return floor_ms > baseline_ms + max(STANDING_QUEUE_MIN_MS, STANDING_NOISE_FACTOR * noise_ms)
+
+
 def _forming(rtt_ms: float, baseline_ms: float, threshold_ms: float) -> bool:
     """A probe RTT over baseline + PROBE_FORMING_FRACTION x threshold: a queue is forming."""
     return rtt_ms > baseline_ms + PROBE_FORMING_FRACTION * threshold_ms
@@ -705,7 +855,13 @@ def _drain_percent(probe: _ProbeSignal) -> int:
 
 
 def _probe_threshold(base_ms: float, noise_ms: float) -> float:
-    return max(PROBE_RISE_MIN_MS, RTT_RISE_FRACTION * base_ms, PROBE_NOISE_FACTOR * noise_ms)
+    """A queue's rise over the probe baseline: the floor or 4 x the noise, whatever the path's own RTT.
+
+    ``base_ms`` is unused since issue #22: with 25 % of it (RTCP mode's rule) a 120 ms path's threshold was
+    30 ms, and a 30 ms bottleneck queue overflowed before the probes called it a queue.
+    """
+    del base_ms
+    return max(PROBE_RISE_MIN_MS, PROBE_NOISE_FACTOR * noise_ms)
 
 
 def _ramp(

@@ -108,6 +108,8 @@ class ControlStep:
             "probe_rtt_ms": round2(s.probe_rtt_ms),
             "probe_rtt_baseline_ms": round2(s.probe_rtt_baseline_ms),
             "probe_threshold_ms": round2(s.probe_threshold_ms),
+            "probe_floor_ms": round2(s.probe_floor_ms),
+            "standing": s.standing,
             "recv_rate_bps": s.recv_rate_bps,
             "sent_matched_bps": s.sent_matched_bps,
             "frame_load": round2(self.frame_load),

@@ -136,6 +136,8 @@ def test_control_step_record_carries_target_reasons_rung_and_signals() -> None:
         "probe_rtt_ms": None,
         "probe_rtt_baseline_ms": None,
         "probe_threshold_ms": None,
+        "probe_floor_ms": None,
+        "standing": False,
         "recv_rate_bps": None,
         "sent_matched_bps": None,
         "frame_load": None,
