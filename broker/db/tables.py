@@ -16,18 +16,26 @@ from sqlalchemy import JSON, BigInteger, Column, Float, Index, Integer, MetaData
 
 metadata = MetaData()
 
+
+def _session_identity() -> list[Column[object]]:
+    """The columns a session has from its creation and seating on (history and live rows share them)."""
+    return [
+        Column("id", String(64), primary_key=True),
+        Column("pool", String(63), nullable=False),
+        Column("user", String(128), nullable=False),
+        Column("host", String(63)),
+        Column("gpu", Integer),
+        Column("kind", String(16)),
+        Column("profile", JSON),
+        Column("created_ms", BigInteger, nullable=False),
+        Column("seated_ms", BigInteger),
+    ]
+
+
 sessions = Table(
     "sessions",
     metadata,
-    Column("id", String(64), primary_key=True),
-    Column("pool", String(63), nullable=False),
-    Column("user", String(128), nullable=False),
-    Column("host", String(63)),
-    Column("gpu", Integer),
-    Column("kind", String(16)),
-    Column("profile", JSON),
-    Column("created_ms", BigInteger, nullable=False),
-    Column("seated_ms", BigInteger),
+    *_session_identity(),
     Column("started_ms", BigInteger),
     Column("ended_ms", BigInteger),
     Column("end_reason", String(32)),
@@ -123,15 +131,7 @@ rollouts = Table(
 live_sessions = Table(
     "live_sessions",
     metadata,
-    Column("id", String(64), primary_key=True),
-    Column("pool", String(63), nullable=False),
-    Column("user", String(128), nullable=False),
-    Column("host", String(63)),
-    Column("gpu", Integer),
-    Column("kind", String(16)),
-    Column("profile", JSON),
-    Column("created_ms", BigInteger, nullable=False),
-    Column("seated_ms", BigInteger),
+    *_session_identity(),
 )
 
 ALL_TABLES = ("sessions", "audit", "pools", "pool_samples", "scaling_plans", "autoscale_decisions",

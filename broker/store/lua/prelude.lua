@@ -134,6 +134,21 @@ local function apply_counts(pool, delta)
   end
 end
 
+-- Seats and used seats of each GPU of a host, read in one HMGET: two lists in the order of ``idx``.
+local function gpu_seats(hkey, idx)
+  local fields = {}
+  for _, i in ipairs(idx) do
+    table.insert(fields, 's:' .. i)
+    table.insert(fields, 'u:' .. i)
+  end
+  local v = redis.call('HMGET', hkey, unpack(fields))
+  local seats, used = {}, {}
+  for j = 1, #idx do
+    seats[j], used[j] = num(v[2 * j - 1]), num(v[2 * j])
+  end
+  return seats, used
+end
+
 -- Recount one host from its per-GPU fields and move its contribution (pool counters and
 -- placement index) from what was last accounted to what is true now.
 local function refresh_host(h)
@@ -145,14 +160,9 @@ local function refresh_host(h)
   local seats, used, free = 0, 0, 0
   local idx = split(f[3])
   if #idx > 0 then
-    local fields = {}
-    for _, i in ipairs(idx) do
-      table.insert(fields, 's:' .. i)
-      table.insert(fields, 'u:' .. i)
-    end
-    local v = redis.call('HMGET', hkey, unpack(fields))
+    local gs, gu = gpu_seats(hkey, idx)
     for j = 1, #idx do
-      local s, u = num(v[2 * j - 1]), num(v[2 * j])
+      local s, u = gs[j], gu[j]
       seats = seats + s
       used = used + u
       if s > u then free = free + s - u end
@@ -193,15 +203,10 @@ local function pick_gpu(h)
   local hkey = k_host(h)
   local idx = split(redis.call('HGET', hkey, 'g'))
   if #idx == 0 then return nil end
-  local fields = {}
-  for _, i in ipairs(idx) do
-    table.insert(fields, 's:' .. i)
-    table.insert(fields, 'u:' .. i)
-  end
-  local v = redis.call('HMGET', hkey, unpack(fields))
+  local gs, gu = gpu_seats(hkey, idx)
   local best, best_used = nil, nil
   for j = 1, #idx do
-    local s, u, i = num(v[2 * j - 1]), num(v[2 * j]), tonumber(idx[j])
+    local s, u, i = gs[j], gu[j], tonumber(idx[j])
     if s > u and (best == nil or u < best_used or (u == best_used and i < best)) then
       best, best_used = i, u
     end
