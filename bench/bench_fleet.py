@@ -26,7 +26,7 @@ and deletes its keys and database.
 
     .venv/bin/python bench/bench_fleet.py --hosts 100 250 500 1000 --replicas 1 2
 
-Size: about 760 lines in one script on purpose: a benchmark a user runs and reads on its own (simulated
+Size: about 780 lines in one script on purpose: a benchmark a user runs and reads on its own (simulated
 hosts, broker processes, measurement windows, report).
 """
 

@@ -9,6 +9,11 @@ Concurrency: one Broker per process, shared by every request task.  Every
 state change is a single Lua step in Redis, so concurrent calls here (and in
 other replicas) cannot interleave halfway; SQL writes follow from the Redis
 outbox and are idempotent.
+
+Size: about 650 lines on purpose for now: one class that every route and background loop calls,
+its methods grouped by what they act on (pools, hosts, sessions, background steps); each method is
+a validation, one Lua step and its logging.  The background steps (reaper, outbox, recovery after a
+Redis loss) are the first to move into their own module when it grows.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ Concurrency: one Scaler per process; its loop (``broker.app``) calls `run_once` 
 `simulate` concurrently with it.  Everything shared is in Redis/SQL; the per-pool lock
 serialises evaluations across replicas.
 
-Size: about 640 lines on purpose: one pass (lock, load, snapshot, decide, apply, record) whose steps share
+Size: about 650 lines on purpose: one pass (lock, load, snapshot, decide, apply, record) whose steps share
 the pass's state and safety rules; the policy, forecast, oracle and simulator it calls are their own modules.
 """
 

@@ -39,7 +39,7 @@ Invariants: a seat is never double-booked (Fleet counts per GPU); every placemen
 `place` returns for the same hosts; every scaling action comes from `decide`; host-hours never
 exceed hosts * simulated hours.
 
-Size: about 750 lines on purpose: the event loop, the incremental placement index it must keep in step
+Size: about 760 lines on purpose: the event loop, the incremental placement index it must keep in step
 with `broker.placement.place` (``check_placement``) and the recommendation search that drives the loop
 share the simulated fleet's internals; demand scenarios live in `broker.autoscale.scenarios`.
 """

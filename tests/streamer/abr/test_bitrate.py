@@ -1,6 +1,6 @@
 """Table tests for the pure bitrate controller: fake clock (plain integers), exact numbers.
 
-Size: about 700 lines of table tests for one pure function, one test per behaviour, grouped by stage.
+Size: about 760 lines of table tests for one pure function, one test per behaviour, grouped by stage.
 """
 
 from __future__ import annotations
