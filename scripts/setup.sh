@@ -14,6 +14,7 @@ DEB_PACKAGES=(xvfb openbox xterm xdotool x11-utils xclip chromium iproute2 iptab
   redis-server  # the system redis-server: tests/broker/test_sentinel.py runs a master, a replica and a sentinel
   nginx-light  # reverse proxy: tests/infra/test_nginx.py runs infra/nginx/render-broker.conf (its daemon is not used)
   coturn  # TURN server: tests/netem/test_turn.py relays sessions through it (its daemon is not enabled)
+  pulseaudio pulseaudio-utils  # a desktop session's sound: its own PulseAudio, parec capture (streamer/desktop/audio.py)
   # GStreamer 1.22 webrtcbin + the system Python's gi bindings: tests/streamer/media/test_webrtcbin_e2e.py
   # streams to a native (non-browser) WebRTC client, as a third-party client author would build one
   python3-gi gir1.2-gstreamer-1.0 gir1.2-gst-plugins-base-1.0 gir1.2-gst-plugins-bad-1.0

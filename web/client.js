@@ -12,7 +12,7 @@
 // while it is still live, re-signal the same session with a new PeerLink (no new queue entry)
 // until the pool's disconnect timeout would end it anyway.
 //
-// Size: about 670 lines on purpose: the views, the session lifecycle and reconnecting share one
+// Size: about 690 lines on purpose: the views, the session lifecycle and reconnecting share one
 // session's state; what does not need it already lives in peer.js, input.js, stats.js, playout.js.
 
 import { EndReason, EventType, InputType, NodeEventType, PoolKind, Role, SEATED_STATES, SessionState } from "./protocol.js";
@@ -79,6 +79,11 @@ const app = {
 };
 
 const video = $("#video");
+// The session's sound (protocol v3) plays here; the video element stays muted (muted autoplay of the
+// picture is always allowed).  The user clicked to start the session, so Chromium lets it play; where a
+// browser still refuses, the next click or key in the page starts it.
+const sound = el("audio", { id: "sound", autoplay: true, hidden: true });
+document.body.append(sound);
 const input = new InputController({
   video,
   send: (msg) => Boolean(app.link && app.link.send(msg)),
@@ -352,6 +357,7 @@ async function connect() {
       answered: () => { if (mine()) { step("node", "done"); step("ice", "active"); } },
       state: (st) => { if (mine()) onPeerState(st); },
       track: (stream) => { if (mine()) { video.srcObject = stream; watchFirstFrame(); } },
+      audio: (stream) => { if (mine()) playSound(stream); },
       channelOpen: () => { if (mine()) input.channelOpened(); },
       nodeEvent: (data) => { if (mine()) onNodeEvent(data); },
       bye: (reason) => { if (mine()) checkSession(`the node said goodbye${reason ? ` (${reason})` : ""}`); },
@@ -409,6 +415,20 @@ function watchFirstFrame() {
   if ("requestVideoFrameCallback" in video) video.requestVideoFrameCallback(onFrame);
   else video.addEventListener("loadeddata", onFrame, { once: true });
   video.play().catch(() => { /* muted autoplay is allowed */ });
+}
+
+function playSound(stream) {
+  sound.srcObject = stream;
+  sound.play().catch(() => {
+    const retry = () => {
+      document.removeEventListener("pointerdown", retry, true);
+      document.removeEventListener("keydown", retry, true);
+      sound.play().catch(() => { /* still refused: the picture goes on without sound */ });
+    };
+    document.addEventListener("pointerdown", retry, true);
+    document.addEventListener("keydown", retry, true);
+    hint("Click the video to turn the sound on");
+  });
 }
 
 function onNodeEvent(data) {
@@ -525,6 +545,7 @@ function teardown() {
   clearInterval(queueTimer);
   clearInterval(startingTimer);
   video.srcObject = null;
+  sound.srcObject = null;
   if (document.pointerLockElement) document.exitPointerLock();
   if (document.fullscreenElement) document.exitFullscreen().catch(() => {});
   app.startedAt = 0;

@@ -1,7 +1,9 @@
 // One WebRTC connection to a session's render node: the RTCPeerConnection, the input data channel
 // and the signaling WebSocket that the broker relays to the node.
 //
-// We are the offerer: a recvonly video transceiver plus the INPUT_CHANNEL_LABEL data channel,
+// We are the offerer: a recvonly video transceiver, a recvonly audio transceiver (protocol v3: the
+// session's sound as Opus; the node answers it inactive where the session has none, e.g. the built-in
+// game) plus the INPUT_CHANNEL_LABEL data channel,
 // built with the session's ICE servers only (an empty list stays empty: no public STUN fallback).
 // We send one complete offer after ICE gathering (no trickle from our side) and accept trickled
 // candidates from the node.  A PeerLink is used once: reconnecting means close() and a new one.
@@ -56,7 +58,8 @@ export class PeerLink {
    * @param {object[]} o.iceServers  the session's ICE servers, used as given
    * @param {() => boolean} o.starting  true while the broker still reports the session "starting"
    * @param {string} [o.playout]  receive-side buffering: "low" (default) or "browser" (see playout.js)
-   * @param {object} o.on  handlers: answered(), state(connectionState), track(MediaStream),
+   * @param {object} o.on  handlers: answered(), state(connectionState), track(MediaStream) for the video,
+   *   audio(MediaStream) for the session's sound,
    *   channelOpen(), nodeEvent(rawData), bye(reason), signalError(msg), signalClosed()
    */
   constructor(o) {
@@ -81,6 +84,7 @@ export class PeerLink {
     const video = pc.addTransceiver("video", { direction: "recvonly" });
     const mode = this.o.playout || "low";
     negotiatePlayoutDelay(video, mode);
+    pc.addTransceiver("audio", { direction: "recvonly" });
     const playout = new PlayoutControl(video.receiver, mode);
     this.playout = playout;
     const dc = pc.createDataChannel(INPUT_CHANNEL_LABEL, { ordered: true });
@@ -90,7 +94,10 @@ export class PeerLink {
     dc.onopen = () => { if (!this.closed) this.o.on.channelOpen(); };
     dc.onmessage = (e) => { if (!this.closed) this.o.on.nodeEvent(e.data); };
     pc.ontrack = (e) => {
-      if (!this.closed) this.o.on.track(e.streams && e.streams[0] ? e.streams[0] : new MediaStream([e.track]));
+      if (this.closed) return;
+      // the node sends each track in a stream of its own: the sound must not replace the picture
+      const stream = e.streams && e.streams[0] ? e.streams[0] : new MediaStream([e.track]);
+      if (e.track.kind === "audio") { if (this.o.on.audio) this.o.on.audio(stream); } else this.o.on.track(stream);
     };
     pc.onconnectionstatechange = () => { if (!this.closed) this.o.on.state(pc.connectionState); };
     await pc.setLocalDescription(await pc.createOffer());

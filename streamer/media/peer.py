@@ -8,7 +8,10 @@ viewer's RTCP feedback (PLI/FIR, REMB, receiver reports) for the session's
 bitrate controller.
 
 The viewer is the offerer: it creates the ``broker.protocol.INPUT_CHANNEL_LABEL``
-data channel and a recvonly video transceiver; we answer.  A viewer may also
+data channel and a recvonly video transceiver; we answer.  When its offer also has
+a receiving audio section with Opus (protocol v3) and the session has sound, the
+session's audio track goes out on it (Opus, encoded by aiortc); otherwise that
+section is answered inactive and the viewer gets video only.  A viewer may also
 open ``PROBE_CHANNEL_LABEL`` (unordered, no retransmissions): the peer then
 sends a delay probe every ``streamer.media.probe.PROBE_INTERVAL_MS`` and hands the
 period's round-trip times and the viewer's receive rate to the controller
@@ -81,7 +84,7 @@ Invariants:
   those addresses (plus server-reflexive/relay ones from configured servers);
 - RTCP feedback is reported after aiortc has handled the packet itself.
 
-Size: about 960 lines on purpose: every seam into aiortc's private API (feedback sender, retransmission
+Size: about 1,070 lines on purpose: every seam into aiortc's private API (feedback sender, retransmission
 limit, playout-delay extension, probe channel) and every answer-side interop choice (DTLS role, codec
 matching, early candidates) is kept in this one module, to be re-read together when aiortc is upgraded.
 """
@@ -374,6 +377,35 @@ def answered_video_codec(sdp: str) -> str | None:
     """The codec name an SDP's first video section sends with (its first payload type), if any."""
     for media in SessionDescription.parse(sdp).media:
         if media.kind == "video" and media.rtp.codecs:
+            return str(media.rtp.codecs[0].name)
+    return None
+
+
+def offer_receives_opus(sdp: str) -> bool:
+    """True when the offer's first audio section can receive (recvonly/sendrecv) and names Opus.
+
+    Such a viewer gets the session's sound (``ViewerPeer``'s ``audio_track``); an offer without
+    one (a native client, an older page) is answered with video only, as before.
+    """
+    try:
+        description = SessionDescription.parse(sdp)
+    except (ValueError, KeyError, IndexError, AssertionError):
+        return False
+    audios = [m for m in description.media if m.kind == "audio"]
+    return bool(audios) and audios[0].direction in VIDEO_RECEIVE_DIRECTIONS and any(
+        c.name.lower() == "opus" for c in audios[0].rtp.codecs
+    )
+
+
+def opus_preferences() -> list[RTCRtpCodecCapability]:
+    """Audio transceiver codec preferences: Opus only (48 kHz stereo, what the session's sink gives)."""
+    return [c for c in RTCRtpSender.getCapabilities("audio").codecs if c.name.lower() == "opus"]
+
+
+def answered_audio_codec(sdp: str) -> str | None:
+    """The codec an SDP's first audio section sends with, if it has one that is not inactive/recvonly."""
+    for media in SessionDescription.parse(sdp).media:
+        if media.kind == "audio" and media.rtp.codecs and media.direction in ("sendonly", "sendrecv"):
             return str(media.rtp.codecs[0].name)
     return None
 
@@ -746,7 +778,8 @@ class PeerSettings:
 
 
 class ViewerPeer:
-    """One viewer: an answering ``RTCPeerConnection`` sending ``track`` and reading the input channel.
+    """One viewer: an answering ``RTCPeerConnection`` sending ``track`` (and ``audio_track`` to an offer
+    that can receive Opus) and reading the input channel.
 
     Callbacks run on the event loop: ``on_state(peer, connectionState)``,
     ``on_channel_open(peer)`` once the input channel is usable,
@@ -763,9 +796,12 @@ class ViewerPeer:
         on_state: Callable[[ViewerPeer, str], None],
         on_channel_open: Callable[[ViewerPeer], None],
         on_keyframe_request: Callable[[], None],
+        audio_track: MediaStreamTrack | None = None,
     ) -> None:
         self._settings = settings
         self._track = track
+        self._audio_track = audio_track  # the session's sound; sent when the offer can receive Opus
+        self.audio_codec: str | None = None  # the audio codec the answer sends ("opus"), None: no sound
         self._router = router
         self._on_state = on_state
         self._on_channel_open = on_channel_open
@@ -811,6 +847,9 @@ class ViewerPeer:
         transceiver = self.pc.addTransceiver(self._track, direction="sendonly")
         transceiver.setCodecPreferences(codec_preferences(webrtc_codec))
         self._sender = FeedbackSender.adopt(transceiver.sender, self._feedback, self._retransmits)
+        if self._audio_track is not None and offer_receives_opus(offer_sdp):
+            # matched to the offer's audio section by kind in setRemoteDescription, like the video one
+            self.pc.addTransceiver(self._audio_track, direction="sendonly").setCodecPreferences(opus_preferences())
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
         if transceiver.mid is None:
             raise OfferError("no_video", "the offer's video section did not match our sending transceiver")
@@ -827,6 +866,7 @@ class ViewerPeer:
         answer_sdp = str(self.pc.localDescription.sdp)
         self.dtls_role = answered_dtls_role(answer_sdp)
         self.codec = answered_video_codec(answer_sdp)
+        self.audio_codec = answered_audio_codec(answer_sdp)
         return answer_sdp
 
     async def add_candidate(self, msg: Mapping[str, Any], *, early: bool = False) -> bool:

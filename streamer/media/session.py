@@ -2,7 +2,9 @@
 
 Job: ``SessionRuntime`` composes one session.  ``start()`` brings up the
 picture source (desktop: ``VirtualDisplay`` with the app + ``open_capture`` +
-``XInputSink``; game: the built-in ``Game`` renderer through ``GameSource``,
+``XInputSink``, and the session's sound: ``streamer.desktop.audio``'s private PulseAudio
+whose sink the app plays into, captured into a ``PcmAudioTrack`` for viewers that offer audio;
+game: the built-in ``Game`` renderer through ``GameSource``, silent,
 or a game command on a virtual display like a desktop), probes and selects an
 encoder (``streamer.abr.control.choose_backend``) and starts the frame thread
 (``streamer.media.track.FramePipeline``).  ``handle_signal`` answers viewer offers
@@ -42,7 +44,7 @@ Invariants:
 - a viewer's malformed messages are counted and dropped; a bad offer is
   answered with an ``error`` message, never an exception.
 
-Size: about 980 lines on purpose: the start and stop order of one session (display, capture, encoder,
+Size: about 1,060 lines on purpose: the start and stop order of one session (display, capture, encoder,
 frame thread, peer, control loop) is read in one place to check that every error path tears down what
 was started; the parts it composes live in their own modules.
 """
@@ -85,10 +87,13 @@ from streamer.abr.control import (
     round2,
 )
 from streamer.abr.ladder import Rung
+from streamer.desktop.audio import AudioCapture, AudioError, AudioServer, audio_available
 from streamer.desktop.capture import FrameSource, GameRendererUnavailable, open_capture
 from streamer.desktop.display import DisplayConfig, VirtualDisplay, app_env, gpu_render_env
 from streamer.desktop.game import Game
 from streamer.desktop.inputsink import GameSource, InputRouter, XInputSink, wall_clock_ms
+from streamer.media.audiotrack import PcmAudioTrack
+from streamer.media.pcm import PcmFramer
 from streamer.media.peer import (
     EARLY_CANDIDATES_MAX,
     OfferError,
@@ -324,6 +329,8 @@ class SessionRuntime:
         make_ladder = ladder_policy.game_ladder if kind_game else ladder_policy.desktop_ladder
         self._ladder = make_ladder(spec.width, spec.height, spec.fps)
         self._display: VirtualDisplay | None = None
+        self._audio: AudioServer | None = None  # desktop sessions' private PulseAudio (None: silent)
+        self._audio_capture: AudioCapture | None = None
         self._source: FrameSource | None = None
         self._sink: XInputSink | GameSource | None = None
         self._router: InputRouter | None = None
@@ -381,8 +388,13 @@ class SessionRuntime:
 
     @property
     def pids(self) -> dict[str, int]:
-        """Pids of the session's processes by role (xvfb, wm, app)."""
-        return self._display.pids if self._display is not None else {}
+        """Pids of the session's processes by role (xvfb, wm, app; audio and audio_capture with sound)."""
+        pids = dict(self._display.pids) if self._display is not None else {}
+        for role, child in (("audio", self._audio), ("audio_capture", self._audio_capture)):
+            pid = child.pid if child is not None else None
+            if pid is not None:
+                pids[role] = pid
+        return pids
 
     @property
     def thread_names(self) -> tuple[str, ...]:
@@ -468,6 +480,7 @@ class SessionRuntime:
             "retransmits": asdict(self._peer.retransmits) if self._peer is not None else None,
             "encoder": None,
             "codec": None,
+            "audio_codec": self._peer.audio_codec if self._peer is not None else None,  # "opus": the viewer hears it
             "width": None,
             "height": None,
             "skipped_backpressure": 0,
@@ -547,6 +560,7 @@ class SessionRuntime:
             env = app_env(os.environ)  # the node's tokens stay out of the user's desktop
             if self._on_gpu() and spec.gpu is not None:
                 env = gpu_render_env(env, spec.gpu)
+            env = {**env, **await self._start_audio()}
             self._display = VirtualDisplay(DisplayConfig(width=spec.width, height=spec.height, app=app or None,
                                                          env=env))
             await self._display.start()
@@ -609,6 +623,36 @@ class SessionRuntime:
             await asyncio.to_thread(self._source.close)
         if self._display is not None:
             await self._display.close()
+        await self._stop_audio()
+
+    async def _start_audio(self) -> dict[str, str]:
+        """The session's audio server and capture; returns the app's environment for it ({}: silent).
+
+        Sound is optional: without pulseaudio/parec, or when they fail to start, the session runs
+        silent (logged) rather than not at all.
+        """
+        missing = audio_available()
+        if missing is not None:
+            log.info("session %s has no sound: %s", self.spec.id, missing)
+            return {}
+        self._audio = AudioServer()
+        try:
+            await self._audio.start()
+            self._audio_capture = AudioCapture(self._audio, PcmFramer())
+            await self._audio_capture.start()
+        except AudioError as exc:
+            log.warning("session %s has no sound: %s", self.spec.id, exc)
+            await self._stop_audio()
+            return {}
+        return self._audio.app_env()
+
+    async def _stop_audio(self) -> None:
+        capture, self._audio_capture = self._audio_capture, None
+        server, self._audio = self._audio, None
+        if capture is not None:
+            await capture.close()
+        if server is not None:
+            await server.close()
 
     async def _watch_app(self, display: VirtualDisplay) -> None:
         status = await display.wait_app()
@@ -669,6 +713,7 @@ class SessionRuntime:
             on_state=self._peer_state,
             on_channel_open=self._channel_open,
             on_keyframe_request=self._keyframe_requested,
+            audio_track=PcmAudioTrack(self._audio_capture.framer) if self._audio_capture is not None else None,
         )  # ice_servers were validated by start()
         try:
             answer = await peer.answer(sdp, selection.backend.webrtc_codec, early)
@@ -681,8 +726,9 @@ class SessionRuntime:
         self._playout = None
         self._pipeline.attach(track)
         self._control_task = self._spawn(self._control_loop(peer, controller))
-        log.info("session %s: answered a viewer with %s (%s), node is DTLS %s, %d of %d early candidates added",
-                 self.spec.id, peer.codec, selection.backend.name, peer.dtls_role, peer.early_candidates, len(early))
+        log.info("session %s: answered a viewer with %s (%s), audio %s, node is DTLS %s, %d of %d early candidates "
+                 "added", self.spec.id, peer.codec, selection.backend.name, peer.audio_codec or "none", peer.dtls_role,
+                 peer.early_candidates, len(early))
         return [{"type": SignalType.ANSWER.value, "sdp": answer}]
 
     async def _on_candidate(self, msg: Mapping[str, Any]) -> None:

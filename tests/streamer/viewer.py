@@ -59,7 +59,9 @@ class Viewer:
     """A viewer peer.  ``codecs``: restrict what it can receive (e.g. ``("VP8",)``); None = all.
 
     ``advertise``: host addresses to offer; ``keep_images``: keep BGR copies of decoded frames;
-    ``probes``: open the probe channel and answer the node's delay probes, as the web client does.
+    ``probes``: open the probe channel and answer the node's delay probes, as the web client does;
+    ``audio``: also offer a recvonly audio section (as the web client does since protocol v3) and keep
+    the received sound for ``sound()`` (left channel, float64 samples at 48 kHz) and ``audio_frames``.
     """
 
     def __init__(
@@ -70,6 +72,7 @@ class Viewer:
         keep_images: bool = True,
         probes: bool = True,
         configuration: RTCConfiguration | None = None,
+        audio: bool = False,
     ) -> None:
         # never aiortc's default public STUN: no ICE servers unless a test passes its own (a TURN lab)
         self.pc = RTCPeerConnection(configuration or RTCConfiguration(iceServers=[]))
@@ -78,6 +81,10 @@ class Viewer:
             wanted = {c.upper() for c in codecs}
             caps = RTCRtpSender.getCapabilities("video").codecs
             self.transceiver.setCodecPreferences([c for c in caps if c.name.upper() in wanted or c.name == "rtx"])
+        self.audio_transceiver = self.pc.addTransceiver("audio", direction="recvonly") if audio else None
+        self.audio_chunks: list[np.ndarray] = []  # left channel of each decoded audio frame
+        self.audio_frames = 0
+        self._audio_reader: asyncio.Task[None] | None = None
         self.channel = self.pc.createDataChannel(INPUT_CHANNEL_LABEL)
         self.probe_channel = (
             answer_probes(self.pc, self.transceiver.receiver, self._frames_decoded) if probes else None
@@ -100,6 +107,9 @@ class Viewer:
         return self.frozen_at if self.frozen_at is not None else len(self.frames)
 
     def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            self._audio_reader = asyncio.ensure_future(self._read_audio(track))
+            return
         self.remote_track = track
         self._reader = asyncio.ensure_future(self._read(track))
 
@@ -113,6 +123,23 @@ class Viewer:
                 self.frames.append(
                     Received(len(self.frames), frame.width, frame.height, bool(frame.key_frame), time.monotonic())
                 )
+
+    async def _read_audio(self, track: MediaStreamTrack) -> None:
+        with contextlib.suppress(MediaStreamError):
+            while True:
+                frame = await track.recv()
+                assert isinstance(frame, av.AudioFrame)
+                pcm = frame.to_ndarray()  # s16 packed: shape (1, samples * channels)
+                channels = len(frame.layout.channels)
+                self.audio_chunks.append(pcm.reshape(-1)[::channels].astype(np.float64))
+                self.audio_frames += 1
+
+    def sound(self, last_s: float | None = None) -> np.ndarray:
+        """The sound received so far (or its last ``last_s`` seconds): left channel, 48 kHz."""
+        if not self.audio_chunks:
+            return np.zeros(0)
+        samples = np.concatenate(self.audio_chunks)
+        return samples[-round(last_s * 48_000) :] if last_s is not None else samples
 
     async def offer(self) -> dict[str, Any]:
         offer = await self.pc.createOffer()
@@ -149,10 +176,11 @@ class Viewer:
 
     async def close(self) -> None:
         await self.pc.close()
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+        for reader in (self._reader, self._audio_reader):
+            if reader is not None:
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
 
 
 def answer_probes(

@@ -30,12 +30,15 @@ from streamer.media.peer import (
     PlayoutDelay,
     advertise_host_addresses,
     answer_dtls_passive,
+    answered_audio_codec,
     answered_dtls_role,
     answered_video_codec,
     candidate_from_signal,
     candidate_ufrag,
     codec_preferences,
     enable_playout_delay,
+    offer_receives_opus,
+    opus_preferences,
     parse_offer,
     rtc_configuration,
 )
@@ -421,3 +424,27 @@ async def test_the_answer_carries_playout_delay_on_every_packet_when_the_viewer_
     finally:
         await viewer.close()
         await node.close()
+
+
+async def test_only_an_offer_that_can_receive_opus_gets_the_sessions_sound() -> None:
+    async def offer_with_audio(direction: str | None) -> str:
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        try:
+            pc.addTransceiver("video", direction="recvonly")
+            if direction is not None:
+                pc.addTransceiver("audio", direction=direction)
+            await pc.setLocalDescription(await pc.createOffer())
+            return str(pc.localDescription.sdp)
+        finally:
+            await pc.close()
+
+    recvonly = await offer_with_audio("recvonly")
+    assert offer_receives_opus(recvonly) and offer_receives_opus(await offer_with_audio("sendrecv"))
+    assert not offer_receives_opus(await offer_with_audio("sendonly"))  # a microphone only: nothing to receive
+    assert not offer_receives_opus(await offer_with_audio(None))  # video only: a native client, an older page
+    no_opus = re.sub(r"(?m)^a=rtpmap:\d+ opus/48000/2\r?\n", "", recvonly).replace("opus", "PCMU")
+    assert not offer_receives_opus(no_opus)
+    assert not offer_receives_opus("this is not SDP")
+    assert [c.name for c in opus_preferences()] == ["opus"]
+    assert answered_audio_codec(recvonly) is None  # a recvonly section sends nothing
+    assert answered_audio_codec(recvonly.replace("a=recvonly", "a=sendonly")) == "opus"

@@ -1,0 +1,124 @@
+"""Sound end to end: a desktop app plays a tone into its session's PulseAudio, an aiortc viewer hears it as Opus.
+
+Real processes throughout: Xvfb + openbox, the session's pulseaudio and parec, the app's pacat,
+aiortc on both sides (127.0.0.1 only).  Skipped with the reason where pulseaudio or the desktop
+tools are not installed.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from streamer.desktop.audio import audio_available
+from streamer.media.session import RuntimeConfig, SessionRuntime, SessionSpec
+from tests.streamer.tone import rms, sine_pcm, tone_amplitude
+from tests.streamer.viewer import Viewer, until
+
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(
+        any(shutil.which(tool) is None for tool in ("Xvfb", "openbox", "pacat")),
+        reason="desktop sessions with sound need Xvfb, openbox and pacat (Debian xvfb, openbox, pulseaudio-utils)",
+    ),
+    pytest.mark.skipif(audio_available() is not None, reason=f"no audio server: {audio_available()}"),
+]
+
+CONFIG = RuntimeConfig(advertise_addresses=("127.0.0.1",), stats_interval_ms=100)
+TONE_HZ = 440
+FULL_SCALE = 32767
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+
+def hears_tone(viewer: Viewer) -> bool:
+    """The last 200 ms received hold the tone: loud, at its frequency, not at another."""
+    window = viewer.sound(0.2)
+    if len(window) < 9_600:
+        return False
+    return (
+        rms(window) > 0.1 * FULL_SCALE
+        and tone_amplitude(window, TONE_HZ) > 0.2 * FULL_SCALE
+        and tone_amplitude(window, 1000) < 0.02 * FULL_SCALE
+    )
+
+
+async def test_a_desktop_apps_tone_reaches_the_viewer_as_opus_and_stop_leaves_nothing(tmp_path: Path) -> None:
+    tone = tmp_path / "tone.raw"
+    tone.write_bytes(sine_pcm(TONE_HZ, 2.0, amplitude=0.5))
+    play = f"while :; do pacat --raw --format=s16le --rate=48000 --channels=2 {tone} || exit 1; done"
+    spec = SessionSpec(id="desk-sound", kind="desktop", width=320, height=240, fps=30, app_command=("sh", "-c", play))
+    runtime = SessionRuntime(spec, CONFIG)
+    await runtime.start()
+    pids = runtime.pids
+    assert {"xvfb", "wm", "app", "audio", "audio_capture"} <= set(pids)
+    env = environ(pids["app"])
+    assert env["PULSE_SERVER"].startswith("unix:") and env["PULSE_SERVER"].endswith("/pulse.sock")
+    viewer = Viewer(audio=True)
+    silent = Viewer()  # an offer without audio (a native client, an older page) still gets video
+    try:
+        await viewer.connect(runtime.handle_signal)
+        assert runtime.stats()["audio_codec"] == "opus"
+        await viewer.wait_frames(3)
+        await until(lambda: viewer.audio_frames >= 25, "no audio frames decoded")
+        await until(lambda: hears_tone(viewer), f"no {TONE_HZ} Hz tone in the sound received", deadline_s=10)
+        window = viewer.sound(0.2)
+        assert tone_amplitude(window, TONE_HZ) > 10 * tone_amplitude(window, 2 * TONE_HZ + 137)
+
+        await silent.connect(runtime.handle_signal)  # replaces the first viewer
+        assert runtime.stats()["audio_codec"] is None
+        await silent.wait_frames(3)
+        assert silent.audio_frames == 0
+    finally:
+        await viewer.close()
+        await silent.close()
+        await runtime.stop()
+    assert [role for role, pid in pids.items() if alive(pid)] == []
+    assert not Path(env["PULSE_SERVER"].removeprefix("unix:")).parent.exists()
+
+
+async def test_a_game_session_answers_an_audio_offer_with_video_only() -> None:
+    """The built-in game has no sound yet: its answer's audio section is inactive, video flows."""
+    runtime = SessionRuntime(SessionSpec(id="game-sound", kind="game", width=320, height=240, fps=30), CONFIG)
+    await runtime.start()
+    viewer = Viewer(audio=True)
+    try:
+        assert "audio" not in runtime.pids
+        await viewer.connect(runtime.handle_signal)
+        await viewer.wait_frames(3)
+        assert runtime.stats()["audio_codec"] is None and viewer.audio_frames == 0
+    finally:
+        await viewer.close()
+        await runtime.stop()
+
+
+async def test_an_audio_server_that_cannot_start_leaves_the_session_silent_not_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("streamer.desktop.audio.PULSEAUDIO", "false")  # starts, exits at once with status 1
+    spec = SessionSpec(id="desk-mute", kind="desktop", width=320, height=240, fps=30, app_command=("sleep", "30"))
+    runtime = SessionRuntime(spec, CONFIG)
+    await runtime.start()
+    viewer = Viewer(audio=True)
+    try:
+        pids = runtime.pids
+        assert "audio" not in pids and "PULSE_SERVER" not in environ(pids["app"])
+        await viewer.connect(runtime.handle_signal)
+        await viewer.wait_frames(3)
+        assert runtime.stats()["audio_codec"] is None and viewer.audio_frames == 0
+    finally:
+        await viewer.close()
+        await runtime.stop()
