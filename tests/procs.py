@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 
@@ -55,3 +56,12 @@ async def broker_process(env: dict[str, str], log_path: str) -> AsyncIterator[Pr
 async def stop_process(proc: asyncio.subprocess.Process, timeout_s: float = 10.0) -> None:
     """Stop a child started with ``start_new_session=True`` and everything in its process group."""
     await terminate_group(proc, timeout_s)
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")

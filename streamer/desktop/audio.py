@@ -40,7 +40,6 @@ import contextlib
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Mapping
@@ -48,7 +47,7 @@ from pathlib import Path
 from typing import Final
 
 from rbcommon.procs import terminate_group
-from streamer.desktop.display import die_with_parent
+from streamer.desktop.display import die_with_parent, socket_listening
 from streamer.media.pcm import CHANNELS, FRAME_MS, SAMPLE_RATE, PcmFramer
 
 log = logging.getLogger(__name__)
@@ -150,7 +149,7 @@ class AudioServer:
         finally:
             os.close(log_fd)
         deadline = time.monotonic() + self.start_timeout_s
-        while not _accepts(self.socket_path):
+        while not socket_listening(self.socket_path):
             if self._proc.returncode is not None:
                 raise AudioError(f"pulseaudio exited with status {self._proc.returncode}: {self._log_tail()}")
             if time.monotonic() > deadline:
@@ -236,12 +235,3 @@ class AudioCapture:
         if proc is not None:
             await asyncio.shield(terminate_group(proc, self.stop_timeout_s))
 
-
-def _accepts(path: Path) -> bool:
-    """True if a server accepts connections on the Unix socket ``path``."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        try:
-            sock.connect(str(path))
-        except OSError:
-            return False
-        return True

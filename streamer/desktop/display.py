@@ -445,11 +445,11 @@ def _remove_stale_server_files(number: int, xvfb_pid: int) -> None:
     except (OSError, ValueError):
         pass  # no lock (the -displayfd case) or not one we understand: leave it
     path = X11_UNIX_DIR / f"X{number}"
-    if path.exists() and not _listening(path):
+    if path.exists() and not socket_listening(path):
         path.unlink(missing_ok=True)
 
 
-def _listening(path: Path) -> bool:
+def socket_listening(path: Path) -> bool:
     """True if a server accepts connections on the Unix socket ``path`` (answers at once either way)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         try:

@@ -32,6 +32,7 @@ from broker.autoscale.providers import (
     workload_name,
 )
 from broker.settings import BrokerSettings
+from tests.procs import alive
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)", "{pool}", "{host_id}", "{broker_url}"]
 # a node that ignores SIGTERM and leaves a grandchild in its process group (whose pid it prints)
@@ -40,14 +41,6 @@ STUBBORN = [sys.executable, "-c",
             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
             "print(p.pid, flush=True); time.sleep(60)"]
 
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def cmdline(pid: int) -> list[bytes]:

@@ -11,6 +11,7 @@ import pytest
 
 from streamer.desktop.audio import SINK_NAME, AudioCapture, AudioError, AudioServer, audio_available
 from streamer.media.pcm import FRAME_SAMPLES, PcmFramer
+from tests.procs import alive
 from tests.streamer.tone import rms, sine_pcm, tone_amplitude
 
 pytestmark = [
@@ -18,13 +19,6 @@ pytestmark = [
     pytest.mark.skipif(audio_available() is not None, reason=f"no audio server: {audio_available()}"),
 ]
 
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 async def test_an_app_plays_into_the_sink_and_the_capture_hears_the_tone(tmp_path: Path) -> None:

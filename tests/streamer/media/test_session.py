@@ -26,6 +26,7 @@ from streamer.desktop.capture import CaptureError
 from streamer.desktop.display import DisplayError
 from streamer.desktop.game import Game, find_player, read_stamp
 from streamer.media.session import DECISION_LOG_SIZE, RuntimeConfig, SessionRuntime, SessionSpec
+from tests.procs import alive
 from tests.streamer.viewer import Viewer, until
 
 pytestmark = pytest.mark.timeout(60)
@@ -56,13 +57,6 @@ def session_threads(session_id: str) -> list[str]:
         t.name for t in threading.enumerate() if t.name.startswith(("rb-frames-", "rb-input-")) and session_id in t.name
     ]
 
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import pytest
 
 from streamer.desktop.audio import audio_available
 from streamer.media.session import RuntimeConfig, SessionRuntime, SessionSpec
+from tests.procs import alive
 from tests.streamer.tone import rms, sine_pcm, tone_amplitude
 from tests.streamer.viewer import Viewer, until
 
@@ -30,13 +31,6 @@ CONFIG = RuntimeConfig(advertise_addresses=("127.0.0.1",), stats_interval_ms=100
 TONE_HZ = 440
 FULL_SCALE = 32767
 
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 def environ(pid: int) -> dict[str, str]:
