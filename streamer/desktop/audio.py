@@ -6,7 +6,7 @@ it needs: ``module-null-sink`` (sink ``rb``, s16le stereo 48 kHz: what the sessi
 into) and ``module-native-protocol-unix`` on ``<dir>/pulse.sock``.  ``app_env()`` is what the
 session's app needs to find it (``PULSE_SERVER=unix:<socket>``, and a client config that never
 autospawns a daemon of its own).  ``AudioCapture`` runs ``parec`` on the sink's monitor source and
-pushes the raw PCM into a ``streamer.media.pcm.PcmFramer`` from an asyncio pipe reader.
+pushes the raw PCM into a ``streamer.desktop.pcm.PcmFramer`` from an asyncio pipe reader.
 
 Flags that matter (PulseAudio 16, run as root as the node is): ``--system=false`` with a private
 ``HOME``/``XDG_RUNTIME_DIR``/``PULSE_RUNTIME_PATH``/``PULSE_STATE_PATH`` (root gets a warning, which
@@ -48,7 +48,7 @@ from typing import Final
 
 from rbcommon.procs import terminate_group
 from streamer.desktop.display import die_with_parent, socket_listening
-from streamer.media.pcm import CHANNELS, FRAME_MS, SAMPLE_RATE, PcmFramer
+from streamer.desktop.pcm import CHANNELS, FRAME_MS, SAMPLE_RATE, PcmFramer
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The session's sound as an aiortc audio track: 20 ms s16 stereo 48 kHz frames, paced by the clock.
 
-Job: ``PcmAudioTrack`` hands aiortc one ``av.AudioFrame`` of ``streamer.media.pcm.FRAME_SAMPLES``
-every 20 ms, taken from a ``streamer.media.pcm.PcmFramer`` that the session's capture fills
+Job: ``PcmAudioTrack`` hands aiortc one ``av.AudioFrame`` of ``streamer.desktop.pcm.FRAME_SAMPLES``
+every 20 ms, taken from a ``streamer.desktop.pcm.PcmFramer`` that the session's capture fills
 (``streamer.desktop.audio.AudioCapture``); aiortc's sender encodes it as Opus.  The track keeps
 time itself (frame n is due ``n * 20 ms`` after its first ``recv``), so a capture that stalls or a
 sink nobody plays into gives silence frames at the same pace rather than a stalled stream.
@@ -25,7 +25,7 @@ from aiortc import AudioStreamTrack
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
-from streamer.media.pcm import FRAME_SAMPLES, SAMPLE_RATE, PcmFramer
+from streamer.desktop.pcm import FRAME_SAMPLES, SAMPLE_RATE, PcmFramer
 
 TIME_BASE: Final = fractions.Fraction(1, SAMPLE_RATE)
 

@@ -92,8 +92,8 @@ from streamer.desktop.capture import FrameSource, GameRendererUnavailable, open_
 from streamer.desktop.display import DisplayConfig, VirtualDisplay, app_env, gpu_render_env
 from streamer.desktop.game import Game
 from streamer.desktop.inputsink import GameSource, InputRouter, XInputSink, wall_clock_ms
+from streamer.desktop.pcm import PcmFramer
 from streamer.media.audiotrack import PcmAudioTrack
-from streamer.media.pcm import PcmFramer
 from streamer.media.peer import (
     EARLY_CANDIDATES_MAX,
     OfferError,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from streamer.desktop.audio import SINK_NAME, AudioCapture, AudioError, AudioServer, audio_available
-from streamer.media.pcm import FRAME_SAMPLES, PcmFramer
+from streamer.desktop.pcm import FRAME_SAMPLES, PcmFramer
 from tests.procs import alive
 from tests.streamer.tone import rms, sine_pcm, tone_amplitude
 

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from streamer.media.pcm import CHANNELS, FRAME_BYTES, FRAME_SAMPLES, SAMPLE_BYTES, PcmFramer
+from streamer.desktop.pcm import CHANNELS, FRAME_BYTES, FRAME_SAMPLES, SAMPLE_BYTES, PcmFramer
 
 
 def samples(start: int, count: int) -> bytes:
