@@ -5,6 +5,10 @@ and the session app) are started with ``start_new_session=True``, which makes ea
 of its own process group.  ``terminate_group`` signals that whole group: SIGTERM, a grace
 period, then SIGKILL, and SIGKILL is sent to the group even when the leader already exited,
 so nothing it left behind survives.  One coroutine, no shared state.
+
+Scratch folders of a process's children (a session's display and audio folders) are made by
+`owned_tmpdir`, which writes the owner's pid into them, so that `sweep_stale_tmpdirs` can remove
+the ones whose owner died without cleaning up (a SIGKILLed render node) and nothing else.
 """
 
 from __future__ import annotations
@@ -13,9 +17,60 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+OWNER_FILE = ".rb-owner"  # the pid of the process that made an owned scratch folder
+UNOWNED_GRACE_S = 3600.0  # a folder without an owner file (made by an older version) is stale this old
+
+
+def owned_tmpdir(prefix: str, owner: int | None = None) -> Path:
+    """A fresh private folder in the temp dir that records ``owner`` (default: this process)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    (path / OWNER_FILE).write_text(str(owner if owner is not None else os.getpid()))
+    return path
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, someone else's
+    return True
+
+
+def sweep_stale_tmpdirs(prefixes: Sequence[str], root: str | None = None, now: float | None = None) -> list[Path]:
+    """Remove folders named ``<prefix>*`` under ``root`` (the temp dir) whose owner is gone; returns them.
+
+    A folder whose owner pid is alive is kept (another node on this machine, or a session running);
+    one without an owner file is removed only when older than ``UNOWNED_GRACE_S``.
+    """
+    base = Path(root or tempfile.gettempdir())
+    now = time.time() if now is None else now
+    removed = []
+    for prefix in prefixes:
+        for path in base.glob(prefix + "*"):
+            if not path.is_dir() or path.is_symlink():
+                continue
+            try:
+                owner = int((path / OWNER_FILE).read_text().strip())
+                stale = not _pid_alive(owner)
+            except FileNotFoundError:
+                stale = now - path.stat().st_mtime > UNOWNED_GRACE_S
+            except (OSError, ValueError):
+                continue
+            if stale:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
 
 
 def kill_group(pgid: int) -> None:

@@ -40,17 +40,18 @@ import contextlib
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from rbcommon.procs import terminate_group
+from rbcommon.procs import owned_tmpdir, terminate_group
 from streamer.desktop.display import die_with_parent, socket_listening
 from streamer.desktop.pcm import CHANNELS, FRAME_MS, SAMPLE_RATE, PcmFramer
 
 log = logging.getLogger(__name__)
+
+AUDIO_TMP_PREFIX = "render-audio-"  # a session audio server's scratch folder (swept by the node when stale)
 
 SINK_NAME: Final = "rb"
 MONITOR_SOURCE: Final = f"{SINK_NAME}.monitor"
@@ -122,7 +123,7 @@ class AudioServer:
             raise
 
     async def _start(self) -> None:
-        self._dir = Path(tempfile.mkdtemp(prefix="render-audio-"))
+        self._dir = owned_tmpdir(AUDIO_TMP_PREFIX)
         d = self._dir
         (d / "client.conf").write_text("autospawn = no\n")
         env = {

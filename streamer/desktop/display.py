@@ -54,7 +54,6 @@ import select
 import shutil
 import signal
 import socket
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,7 +67,11 @@ from Xlib.error import ConnectionClosedError, XError
 from Xlib.error import DisplayError as XDisplayError
 from Xlib.ext import randr
 
+from rbcommon.procs import owned_tmpdir
+
 log = logging.getLogger(__name__)
+
+DISPLAY_TMP_PREFIX = "render-display-"  # a session display's scratch folder (swept by the node when stale)
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -252,7 +255,7 @@ class VirtualDisplay:
 
     async def _start(self) -> None:
         cfg = self.config
-        self._tmpdir = Path(tempfile.mkdtemp(prefix="render-display-"))
+        self._tmpdir = owned_tmpdir(DISPLAY_TMP_PREFIX)
         t0 = time.perf_counter()
         self._number = await self._start_xvfb()
         t1 = time.perf_counter()

@@ -46,6 +46,9 @@ from typing import Any
 import aiohttp
 
 from broker.protocol import API_PREFIX, NodeCommand
+from rbcommon.procs import sweep_stale_tmpdirs
+from streamer.desktop.audio import AUDIO_TMP_PREFIX
+from streamer.desktop.display import DISPLAY_TMP_PREFIX
 from streamer.media.session import RuntimeConfig, SessionRuntime, SessionSpec
 from streamer.node.gpus import GpuInfo, GpuTelemetry
 from streamer.node.health import NodeHealth
@@ -148,6 +151,9 @@ class NodeAgent:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15),
                                          connector=aiohttp.TCPConnector(ssl=tls) if tls else None) as http:
             self._http = http
+            stale = await asyncio.to_thread(sweep_stale_tmpdirs, (DISPLAY_TMP_PREFIX, AUDIO_TMP_PREFIX))
+            if stale:  # sessions of a node that was killed before it could clean up
+                log.info("removed %d stale session folder(s): %s", len(stale), ", ".join(p.name for p in stale[:5]))
             inventory = await asyncio.to_thread(take_inventory, self.s.seats)
             self.gpus = inventory.gpus
             self.runtime_config = dataclasses.replace(self.runtime_config, gpu_render=inventory.gpu_render)
