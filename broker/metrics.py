@@ -20,6 +20,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from broker.models import CANDIDATE_TYPES
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 BYTES_PER_MIB = 1024 * 1024
 US_PER_S = 1_000_000.0
@@ -92,6 +94,9 @@ class Metrics:
         # never a session id, so the series count follows pools, not sessions.
         self.streams = Gauge("render_broker_streams", "Sessions whose node reports stream stats", ["pool"],
                              registry=r)
+        self.stream_paths = Gauge("render_broker_stream_paths", "Streams by how the viewer's media travels "
+                                  "(candidate: host, srflx through a NAT, relay through TURN)", ["pool", "candidate"],
+                                  registry=r)
         self.stream = {name: Gauge(metric, doc, ["pool", "quantile"], registry=r)
                        for name, (metric, doc, _field, _divisor) in STREAM_QUANTILES.items()}
         self.stream_bitrate = Gauge("render_broker_stream_bits_per_second",
@@ -123,7 +128,7 @@ class Metrics:
 
     def update_streams(self, hosts: list[dict[str, Any]]) -> None:
         """Per-pool stream quantiles from the sessions in live hosts' last heartbeats."""
-        for g in (self.streams, self.stream_bitrate, *self.stream.values()):
+        for g in (self.streams, self.stream_paths, self.stream_bitrate, *self.stream.values()):
             g.clear()
         by_pool: dict[str, list[dict[str, Any]]] = {}
         for h in hosts:
@@ -132,6 +137,8 @@ class Metrics:
             by_pool.setdefault(h.get("pool") or "", []).extend((h.get("telemetry") or {}).get("sessions", []))
         for pool, sessions in by_pool.items():
             self.streams.labels(pool).set(len(sessions))
+            for kind in CANDIDATE_TYPES:
+                self.stream_paths.labels(pool, kind).set(sum(1 for s in sessions if s.get("candidate") == kind))
             self.stream_bitrate.labels(pool).set(sum(s.get("bitrate_bps") or 0 for s in sessions))
             for name, (_metric, _doc, field, divisor) in STREAM_QUANTILES.items():
                 values = sorted(v / divisor for v in (stream_value(s, field) for s in sessions) if v is not None)

@@ -103,6 +103,8 @@ GPU_SCHEMA: Final = {
     "reason": Field("str", default="", max_length=200, description="Why the node registered it so (for operators)"),
 }
 
+CANDIDATE_TYPES: Final = ("host", "srflx", "relay")
+
 SESSION_TELEMETRY_SCHEMA: Final = {
     "id": Field("str", required=True, max_length=64),
     "state": Field("str", default="running", choices=("starting", "running", "disconnected")),
@@ -120,6 +122,9 @@ SESSION_TELEMETRY_SCHEMA: Final = {
     "encoder": Field("str", nullable=True, max_length=64),
     "width": Field("int", nullable=True, minimum=0, maximum=MAX_WIDTH_PX),
     "height": Field("int", nullable=True, minimum=0, maximum=MAX_HEIGHT_PX),
+    "candidate": Field("str", nullable=True, choices=CANDIDATE_TYPES,
+                       description="how the viewer's media travels: host (direct), srflx (through a NAT) "
+                                   "or relay (TURN)"),
 }
 
 GPU_TELEMETRY_SCHEMA: Final = {

@@ -337,7 +337,9 @@ function renderSessions() {
       el("td", { class: "small" }, s.host ? `${s.host} · GPU ${s.gpu ?? "?"}` : el("span", { class: "faint" }, "—")),
       el("td", { class: "small mono" }, pr.width ? `${pr.width}×${pr.height}@${pr.fps}` : "–"),
       el("td", { class: "small" }, t ? [
-        el("div", {}, `${fmtNum(t.fps, 0, " fps")} · ${fmtBitrate(t.bitrate_bps)}`),
+        el("div", {}, `${fmtNum(t.fps, 0, " fps")} · ${fmtBitrate(t.bitrate_bps)}`,
+          t.candidate ? el("span", { class: `badge path-${t.candidate}`, title: PATH_TITLES[t.candidate] || "",
+            dataset: { path: t.candidate } }, t.candidate) : null),
         el("div", { class: "faint" }, `rtt ${fmtNum(t.rtt_ms, 0, " ms")} · loss ${fmtNum((t.loss ?? NaN) * 100, 1, " %")}${t.encoder ? ` · ${t.encoder}` : ""}`),
       ] : el("span", { class: "faint" }, "—")),
       el("td", { class: "small" }, fmtDuration((now - s.created_ms) / 1000)),
@@ -421,6 +423,13 @@ async function getOptional(path) {
     return err;
   }
 }
+
+// how a session's media reaches its viewer (the node reports the nominated ICE pair)
+const PATH_TITLES = {
+  host: "direct: node and viewer reach each other",
+  srflx: "through a NAT mapping (STUN)",
+  relay: "relayed by the TURN server: costs TURN bandwidth, adds a hop",
+};
 
 async function renderScaling() {
   const section = $("#scaling-section");

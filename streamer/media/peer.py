@@ -515,6 +515,17 @@ def _dtls_transports(pc: RTCPeerConnection) -> list[RTCDtlsTransport]:
     return list(transports.values())
 
 
+def path_kind(local_type: str, remote_type: str) -> str:
+    """How a nominated ICE pair carries media: ``relay`` when either end is a TURN relay, ``srflx`` when
+    either end is a NAT mapping (server- or peer-reflexive), else ``host`` (a direct path)."""
+    kinds = {local_type, remote_type}
+    if "relay" in kinds:
+        return "relay"
+    if kinds & {"srflx", "prflx"}:
+        return "srflx"
+    return "host"
+
+
 def _count_text(counts: Counter[str]) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "none"
 
@@ -889,6 +900,19 @@ class ViewerPeer:
         if early:
             self.early_candidates += 1
         return True
+
+    def candidate_type(self) -> str | None:
+        """The path the media takes (`path_kind` of the nominated pair), or None before ICE nominates one.
+
+        Reads aioice's nominated pair through the gatherer's connection (the private attribute this
+        module already depends on, see the module docstring).
+        """
+        for dtls in _dtls_transports(self.pc):
+            connection = getattr(dtls.transport.iceGatherer, "_connection", None)
+            nominated = getattr(connection, "_nominated", None) or {}
+            for pair in nominated.values():
+                return path_kind(pair.local_candidate.type, pair.remote_candidate.type)
+        return None
 
     def failure(self) -> PeerFailure | None:
         """Why the connection failed (ICE or DTLS, with what a viewer can act on); None if nothing failed.

@@ -481,6 +481,7 @@ class SessionRuntime:
             "encoder": None,
             "codec": None,
             "audio_codec": self._peer.audio_codec if self._peer is not None else None,  # "opus": the viewer hears it
+            "candidate": self._peer.candidate_type() if self._peer is not None else None,  # host | srflx | relay
             "width": None,
             "height": None,
             "skipped_backpressure": 0,

@@ -344,6 +344,7 @@ class NodeAgent:
                 "encoder",
                 "width",
                 "height",
+                "candidate",
             ):
                 if st.get(k) is not None:
                     entry[k] = st[k]

@@ -18,11 +18,11 @@ async def test_stream_quantiles_per_pool_and_no_session_label(api) -> None:
     assert (await register(api, "h0", [L4])).status == 201
     sessions = [
         {"id": "s1", "fps": 60.0, "target_fps": 60, "encode_ms": 4.0, "rtt_ms": 10.0, "jitter_ms": 2.0,
-         "loss": 0.0, "bitrate_bps": 8_000_000},
+         "loss": 0.0, "bitrate_bps": 8_000_000, "candidate": "host"},
         {"id": "s2", "fps": 45.0, "target_fps": 60, "encode_ms": 9.0, "rtt_ms": 30.0, "jitter_ms": 6.0,
-         "loss": 0.02, "bitrate_bps": 4_000_000},
+         "loss": 0.02, "bitrate_bps": 4_000_000, "candidate": "relay"},
         {"id": "s3", "fps": 30.0, "target_fps": 30, "encode_ms": 6.0, "rtt_ms": 20.0, "jitter_ms": None,
-         "loss": 0.01, "bitrate_bps": 2_000_000},
+         "loss": 0.01, "bitrate_bps": 2_000_000, "candidate": "relay"},
         {"id": "s4", "fps": None, "encode_ms": None},  # just started: counted, no figures yet
     ]
     hb = await api.put("/api/v1/hosts/h0/heartbeat", headers=auth(NODE), json={"gpus": [], "sessions": sessions})
@@ -31,6 +31,9 @@ async def test_stream_quantiles_per_pool_and_no_session_label(api) -> None:
     lines = {line for line in text.splitlines() if line.startswith("render_broker_stream")}
     assert lines == {
         'render_broker_streams{pool="p1"} 4.0',
+        'render_broker_stream_paths{candidate="host",pool="p1"} 1.0',
+        'render_broker_stream_paths{candidate="srflx",pool="p1"} 0.0',
+        'render_broker_stream_paths{candidate="relay",pool="p1"} 2.0',
         'render_broker_stream_bits_per_second{pool="p1"} 1.4e+07',
         'render_broker_stream_fps_ratio{pool="p1",quantile="0.05"} 0.75',
         'render_broker_stream_fps_ratio{pool="p1",quantile="0.5"} 1.0',
@@ -44,3 +47,11 @@ async def test_stream_quantiles_per_pool_and_no_session_label(api) -> None:
         'render_broker_stream_loss_ratio{pool="p1",quantile="0.95"} 0.02',
     }
     assert "session=" not in text  # no label whose values grow with the sessions
+
+
+async def test_an_unknown_candidate_type_is_a_422_naming_the_field(api) -> None:
+    assert (await register(api, "h0", [L4])).status == 201
+    hb = await api.put("/api/v1/hosts/h0/heartbeat", headers=auth(NODE),
+                       json={"gpus": [], "sessions": [{"id": "s1", "candidate": "satellite"}]})
+    body = await hb.json()
+    assert hb.status == 422 and "candidate" in body["field"], body

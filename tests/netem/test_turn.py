@@ -116,6 +116,8 @@ def _stream_through_turn(lab: Lab, node_url: str, viewer_url: str) -> dict[str, 
     answer = _line(node.stdout, node, deadline, "node answer")
     viewer.stdin.write(json.dumps(answer) + "\n")
     result = _line(viewer.stdout, viewer, deadline, "viewer frames")
+    node.stdin.write(json.dumps({"stats": True}) + "\n")
+    result["node_candidate"] = _line(node.stdout, node, deadline, "node stats")["candidate"]
     node.stdin.close()
     viewer.stdin.close()
     return result
@@ -127,6 +129,7 @@ def test_a_session_streams_through_turn_over_udp(lab: Lab) -> None:
     assert "error" not in result, result
     assert result["frames"] >= 30 and result["stamps"] >= 1
     assert result["local_types"] == ["relay"]  # the viewer had nothing but its TURN allocation
+    assert result["node_candidate"] == "relay"  # what the node reports in its heartbeat (dashboard, metrics)
 
 
 def test_with_udp_blocked_the_session_streams_through_turn_over_tcp(lab: Lab) -> None:
@@ -136,6 +139,7 @@ def test_with_udp_blocked_the_session_streams_through_turn_over_tcp(lab: Lab) ->
     assert "error" not in result, result
     assert result["frames"] >= 30 and result["stamps"] >= 1
     assert result["local_types"] == ["relay"]
+    assert result["node_candidate"] == "relay"
     dropped = subprocess.run(["ip", "netns", "exec", lab.router_ns, "nft", "list", "table", "inet", "rbturnudp"],
                              capture_output=True, text=True, check=True).stdout
     assert "counter packets" in dropped

@@ -40,6 +40,7 @@ from streamer.media.peer import (
     offer_receives_opus,
     opus_preferences,
     parse_offer,
+    path_kind,
     rtc_configuration,
 )
 from streamer.media.rtx import RetransmitLimiter
@@ -448,3 +449,11 @@ async def test_only_an_offer_that_can_receive_opus_gets_the_sessions_sound() -> 
     assert [c.name for c in opus_preferences()] == ["opus"]
     assert answered_audio_codec(recvonly) is None  # a recvonly section sends nothing
     assert answered_audio_codec(recvonly.replace("a=recvonly", "a=sendonly")) == "opus"
+
+
+@pytest.mark.parametrize(("local", "remote", "kind"), [
+    ("host", "host", "host"), ("host", "srflx", "srflx"), ("prflx", "host", "srflx"),
+    ("relay", "host", "relay"), ("srflx", "relay", "relay"), ("relay", "relay", "relay"),
+])
+def test_the_path_kind_of_a_nominated_pair(local: str, remote: str, kind: str) -> None:
+    assert path_kind(local, remote) == kind

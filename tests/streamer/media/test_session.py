@@ -110,6 +110,7 @@ async def test_game_streams_stamped_frames_and_input_moves_the_player(
     assert stats["input_accepted"] == 3 and stats["input"]["accepted"] == {"k": 2, "ping": 1}
     assert stats["last_input_ms"] is not None
     assert stats["connected"] is True and stats["encoder"] == "libx264" and stats["codec"] == "H264"
+    assert stats["candidate"] == "host"  # a direct loopback path (relay is proven in tests/netem/test_turn.py)
     assert (stats["width"], stats["height"]) == (GAME_W, GAME_H)
 
 
