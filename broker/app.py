@@ -89,15 +89,27 @@ async def problem_middleware(request: web.Request,
 
 async def _redis_ctx(app: web.Application) -> AsyncIterator[None]:
     s = app[SETTINGS]
+    embedded = None
+    pool = None
     if s.redis_sentinels:
         client = sentinel_client(s)
-        app[REDIS_KEY] = client
         log.info("Redis through sentinels %s, master %r", ", ".join(s.redis_sentinels), s.redis_sentinel_master)
-        try:
-            yield
-        finally:
-            await client.aclose()
-        return
+    else:
+        client, pool, embedded = await _url_client(s)
+    app[REDIS_KEY] = client
+    try:
+        yield
+    finally:
+        await client.aclose()
+        if pool is not None:
+            await pool.aclose()
+        if embedded:
+            await embedded.stop()
+
+
+async def _url_client(s: BrokerSettings) -> tuple[aioredis.Redis, aioredis.BlockingConnectionPool,
+                                                  EmbeddedRedis | None]:
+    """A client of ``redis_url`` (or of an embedded redis-server started here when it is empty)."""
     embedded = None
     url = s.redis_url
     if not url:
@@ -114,15 +126,7 @@ async def _redis_ctx(app: web.Application) -> AsyncIterator[None]:
                                                     socket_timeout=s.redis_timeout_s,
                                                     socket_connect_timeout=s.redis_timeout_s,
                                                     health_check_interval=10)
-    client = aioredis.Redis(connection_pool=pool)
-    app[REDIS_KEY] = client
-    try:
-        yield
-    finally:
-        await client.aclose()
-        await pool.aclose()
-        if embedded:
-            await embedded.stop()
+    return aioredis.Redis(connection_pool=pool), pool, embedded
 
 
 def sentinel_client(s: BrokerSettings) -> aioredis.Redis:

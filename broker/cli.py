@@ -62,8 +62,7 @@ def serve(argv: Sequence[str]) -> int:
         if name != "secret":  # the HMAC key is never printed
             print(f"generated {name}: {getattr(settings, name)}", flush=True)
     try:
-        Edge.from_settings(settings)  # bad allow-lists or admin_listen: one line, before anything starts
-        admin = parse_listen(settings.admin_listen, "admin_listen")
+        admin = Edge.from_settings(settings).admin  # bad allow-lists or admin_listen: one line, before anything starts
         for item in settings.redis_sentinels:
             parse_listen(item, "redis_sentinels")
     except ValidationError as exc:

@@ -37,7 +37,8 @@ def owned_tmpdir(prefix: str, owner: int | None = None) -> Path:
     return path
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists (ours or another user's; a zombie counts as existing)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -62,7 +63,7 @@ def sweep_stale_tmpdirs(prefixes: Sequence[str], root: str | None = None, now: f
                 continue
             try:
                 owner = int((path / OWNER_FILE).read_text().strip())
-                stale = not _pid_alive(owner)
+                stale = not pid_alive(owner)
             except FileNotFoundError:
                 stale = now - path.stat().st_mtime > UNOWNED_GRACE_S
             except (OSError, ValueError):

@@ -136,24 +136,23 @@ class TlsReloader:
 class Edge:
     """The edge rules of one broker process, built once from its settings."""
 
-    admin_port: int | None  # the admin listener's port, None = one listener serves everything
+    admin: tuple[str, int] | None  # the admin listener's address, None = one listener serves everything
     admin_allow: tuple[Network, ...] = ()
     node_allow: tuple[Network, ...] = ()
     trusted_proxies: tuple[Network, ...] = ()
 
     @classmethod
     def from_settings(cls, s: BrokerSettings) -> Edge:
-        admin = parse_listen(s.admin_listen, "admin_listen")
-        return cls(admin_port=admin[1] if admin else None,
+        return cls(admin=parse_listen(s.admin_listen, "admin_listen"),
                    admin_allow=parse_networks(s.admin_allow, "admin_allow"),
                    node_allow=parse_networks(s.node_allow, "node_allow"),
                    trusted_proxies=parse_networks(s.trusted_proxies, "trusted_proxies"))
 
     def on_admin_listener(self, request: web.Request) -> bool:
-        if self.admin_port is None:
+        if self.admin is None:
             return True
         sockname = request.transport.get_extra_info("sockname") if request.transport else None
-        return isinstance(sockname, tuple) and len(sockname) >= 2 and sockname[1] == self.admin_port
+        return isinstance(sockname, tuple) and len(sockname) >= 2 and sockname[1] == self.admin[1]
 
     def check(self, request: web.Request, who: Principal) -> None:
         """403 when ``who`` may not be served here: an admin token on the public listener while an

@@ -55,6 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
 
+from rbcommon.procs import pid_alive
+
 NS_PREFIX = "rbn"
 NODE_IP = "10.231.1.2"
 ROUTER_NODE_IP = "10.231.1.1"
@@ -181,16 +183,6 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _netns_names() -> list[str]:
     return [line.split()[0] for line in _run(["ip", "netns", "list"]).splitlines() if line.strip()]
 
@@ -208,7 +200,7 @@ def sweep_stale_namespaces() -> list[str]:
     swept = []
     for ns in _netns_names():
         m = _NS_RE.match(ns)
-        if m and not _pid_alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             _kill_netns_pids(ns)
             _run(["ip", "netns", "del", ns], check=False)
             swept.append(ns)
