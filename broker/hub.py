@@ -60,9 +60,19 @@ class Hub:
             yield q
         finally:
             for ch in channels:
-                self._listeners[ch].discard(q)
-                if not self._listeners[ch]:
-                    del self._listeners[ch]
+                self.unlisten(q, ch)
+
+    def listener_count(self, channel: str) -> int:
+        """How many local queues listen on ``channel`` now."""
+        return len(self._listeners.get(channel, ()))
+
+    def unlisten(self, q: asyncio.Queue[bytes], channel: str) -> None:
+        """Stop delivering ``channel`` to ``q`` before its ``listen`` context closes (idempotent)."""
+        listeners = self._listeners.get(channel)
+        if listeners is not None:
+            listeners.discard(q)
+            if not listeners:
+                del self._listeners[channel]
 
     def _dispatch(self, channel: str, data: bytes) -> None:
         for q in list(self._listeners.get(channel, ())):

@@ -346,10 +346,12 @@ async def list_sessions(request: web.Request) -> web.Response:
     b = request.app[BROKER]
     if who.role == Role.NODE:
         raise Forbidden("nodes learn their sessions from heartbeats and commands")
-    live = await b.live.get_sessions(await b.live.live_session_ids())
-    if who.role == Role.USER:
-        live = [s for s in live if s["user"] == who.name]
     pool = request.query.get("pool")
+    if who.role == Role.USER:  # the user's own index: cost follows the user's sessions, not the fleet
+        live = [s for s in await b.live.get_sessions(await b.live.user_session_ids(who.name, pool))
+                if s["user"] == who.name]
+    else:
+        live = await b.live.get_sessions(await b.live.live_session_ids())
     if pool:
         live = [s for s in live if s["pool"] == pool]
     return ok({"sessions": [await b.session_view(s["id"], s) for s in live]})

@@ -1,7 +1,7 @@
 """Streaming endpoints: session events (SSE), node command sockets, signaling relay.
 
 - ``GET /api/v1/sessions/{id}/events`` (owner or admin): Server-Sent Events.
-  Each Redis message about the session, or about its pool's queue, triggers a
+  Each Redis message about the session, or (while it is queued) about its pool's queue, triggers a
   re-read of the authoritative record, so the stream always carries the real
   state and queue position (a dropped pub/sub message cannot leave a viewer
   with a stale position).
@@ -59,9 +59,14 @@ async def session_events(request: web.Request) -> web.StreamResponse:
 
 async def _stream_events(resp: web.StreamResponse, b: Any, hub: Any, sid: str, view: dict[str, Any]) -> None:
     keys = b.live.keys
-    async with hub.listen(keys.chan_session(sid), keys.chan_pool(view["pool"])) as q:
+    pool_channel = keys.chan_pool(view["pool"])
+    async with hub.listen(keys.chan_session(sid), pool_channel) as q:
         last: tuple[Any, ...] | None = None
         while True:
+            if view["state"] != SessionState.QUEUED:
+                # Only a queued session's position follows the pool's queue (a session never goes back to
+                # the queue): a seated one stops re-reading its record on every queue movement of its pool.
+                hub.unlisten(q, pool_channel)
             key = (view["state"], view.get("queue_position"), view.get("host"))
             if key != last:
                 last = key

@@ -231,6 +231,15 @@ class LiveStore:
     async def live_session_ids(self) -> list[str]:
         return sorted(_s(x) for x in await self.redis.smembers(self.keys.live))
 
+    async def user_session_ids(self, user: str, pool: str | None = None) -> list[str]:
+        """A user's live session ids (in one pool, or in every pool): reads the user's own sets, not P:live."""
+        pools = [pool] if pool else await self.list_pools()
+        if not pools:
+            return []
+        keys = [self.keys.user_sessions(user, p) for p in pools]
+        members = await (self.redis.smembers(keys[0]) if len(keys) == 1 else self.redis.sunion(keys))
+        return sorted(_s(x) for x in members)
+
     async def queue_position(self, pool: str, session_id: str) -> int | None:
         pos = await self.redis.lpos(self.keys.pool_queue(pool), session_id)
         return None if pos is None else int(pos) + 1

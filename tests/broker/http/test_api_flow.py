@@ -81,3 +81,28 @@ async def test_admin_path_reaches_the_dashboard(api) -> None:
     assert r.status == 302 and r.headers["Location"] == "/web/admin.html"
     page = await api.get("/admin")
     assert page.status == 200 and "admin.js" in await page.text()
+
+
+async def test_session_list_reads_the_users_own_index(api, clock) -> None:
+    """A user's GET /sessions lists their live sessions in every pool (from P:user:*), not others', not ended ones."""
+    await setup_pool(api, "p1", hosts=1, max_sessions_per_gpu=2)
+    await setup_pool(api, "p2", hosts=1)
+    alice, bob = await user_token(api, "alice"), await user_token(api, "bob")
+    a1 = await (await api.post("/api/v1/sessions", json={"pool": "p1"}, headers=auth(alice))).json()
+    a2 = await (await api.post("/api/v1/sessions", json={"pool": "p2"}, headers=auth(alice))).json()
+    b1 = await (await api.post("/api/v1/sessions", json={"pool": "p1"}, headers=auth(bob))).json()
+
+    async def ids(token: str, query: str = "") -> list[str]:
+        r = await api.get(f"/api/v1/sessions{query}", headers=auth(token))
+        assert r.status == 200, await r.text()
+        return sorted(s["id"] for s in (await r.json())["sessions"])
+
+    assert await ids(alice) == sorted([a1["id"], a2["id"]])
+    assert await ids(alice, "?pool=p2") == [a2["id"]]
+    assert await ids(alice, "?pool=nope") == []
+    assert await ids(bob) == [b1["id"]]
+    assert await ids(ADMIN) == sorted([a1["id"], a2["id"], b1["id"]])
+    assert await ids(ADMIN, "?pool=p1") == sorted([a1["id"], b1["id"]])
+    clock.advance(1_000)
+    assert (await api.delete(f"/api/v1/sessions/{a1['id']}", headers=auth(alice))).status == 200
+    assert await ids(alice) == [a2["id"]]

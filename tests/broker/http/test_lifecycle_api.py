@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from broker.keys_app import BROKER
+from broker.keys_app import BROKER, HUB
 from tests.conftest import ADMIN, NODE, auth, setup_pool, user_token
 
 
@@ -148,9 +148,16 @@ async def test_events_stream_queue_position_then_seat(api) -> None:
     assert (await next_event())["queue_position"] == 2
     await api.delete(f"/api/v1/sessions/{s1['id']}", headers=auth(t1))
     assert (await next_event())["queue_position"] == 1
+    hub = api.app[HUB]
+    pool_channel = api.app[BROKER].live.keys.chan_pool("p1")
+    assert hub.listener_count(pool_channel) == 1  # queued: follows the queue
     await api.delete(f"/api/v1/sessions/{s2['id']}", headers=auth(t2))
     ev = await next_event()
     assert ev["state"] == "starting" and ev["host"] == "p1-h0"
+    # seated: the stream no longer wakes on every queue movement of its pool, only on its own session
+    assert hub.listener_count(pool_channel) == 0
+    t4, s4 = await new_session(api, "u4")
+    assert s4["state"] == "queued"
     await api.delete(f"/api/v1/sessions/{s3['id']}", headers=auth(t3))
     ev = await next_event()
     assert ev["state"] == "ended" and ev["end_reason"] == "user"
