@@ -11,7 +11,8 @@ Every frame carries, in a top strip of big black/white cells, its frame number
 CRC; ``read_stamp`` reads them back from a decoded frame (BGR, BGRA or a luma
 plane such as the top of a ``yuv420p`` array).  The player is a square of a
 colour nothing else in the scene uses, so ``find_player`` locates it in a
-decoded frame.
+decoded frame.  When the player starts touching an enemy, ``on_sound`` (if set) gets a "hit"
+``streamer.desktop.gamesound.SoundEvent`` at that frame's render clock.
 
 Layout (all relative to the frame *width*, so a stamp survives scaling by the
 encoder ladder): ``STAMP_COLUMNS`` cells per row, square cells of
@@ -37,12 +38,14 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from streamer.desktop.gamesound import SoundEvent
 from streamer.desktop.inputs import Gamepad, InputEvent, Key
 
 STAMP_COLUMNS: Final = 40  # cells per row: 16 px cells at 640 px wide
@@ -265,6 +268,10 @@ class Scene:
         return stamp_height(self.width)
 
 
+def _overlap(a: Rect, b: Rect) -> bool:
+    return a.x < b.x + b.w and b.x < a.x + a.w and a.y < b.y + b.h and b.y < a.y + a.h
+
+
 class GameRenderer(Protocol):
     """Draws ``Scene``s into BGRA frames; owned by one thread at a time (see each implementation)."""
 
@@ -335,6 +342,10 @@ class Game:
         self._frame_no = 0
         self._last_ms: int | None = None
         self._cpu: CpuGameRenderer | None = None
+        self._touching: frozenset[int] = frozenset()  # enemies the player overlaps now
+        # Called (on the frame thread) with each sound the game makes: a "hit" when the player starts
+        # touching an enemy.  None: silent.
+        self.on_sound: Callable[[SoundEvent], None] | None = None
         self._setup(width, height)
         self._px = (width - self._player_side) / 2.0  # top-left corner, pixels
         self._py = self._play_top + (self._play_h - self._player_side) / 2.0
@@ -428,6 +439,12 @@ class Game:
             ey = top + int((0.5 + 0.45 * math.cos(t * (0.5 + 0.2 * i) + i)) * (self._play_h - side))
             enemies.append(Rect(ex, ey, side, side))
         ps = self._player_side
+        player = Rect(round(self._px), round(self._py), ps, ps)
+        touching = frozenset(i for i, e in enumerate(enemies) if _overlap(player, e))
+        if self.on_sound is not None:
+            for _ in touching - self._touching:
+                self.on_sound(SoundEvent("hit", float(now_ms)))
+        self._touching = touching
         scene = Scene(
             width=w,
             height=self._height,
@@ -435,7 +452,7 @@ class Game:
             ts_ms=now_ms,
             background_offset=int(now_ms * _BACKGROUND_SPEED_PX_PER_S / 1000.0) % BACKGROUND_PERIOD_PX,
             enemies=tuple(enemies),
-            player=Rect(round(self._px), round(self._py), ps, ps),
+            player=player,
             stamp=stamp_word(self._frame_no, now_ms),
         )
         self._frame_no = (self._frame_no + 1) & ((1 << FRAME_NO_BITS) - 1)

@@ -2,7 +2,8 @@
 
 Job: ``PcmAudioTrack`` hands aiortc one ``av.AudioFrame`` of ``streamer.desktop.pcm.FRAME_SAMPLES``
 every 20 ms, taken from a ``streamer.desktop.pcm.PcmFramer`` that the session's capture fills
-(``streamer.desktop.audio.AudioCapture``); aiortc's sender encodes it as Opus.  The track keeps
+(``streamer.desktop.audio.AudioCapture``), or for the built-in game from a
+``streamer.desktop.gamesound.SynthFramer``; aiortc's sender encodes it as Opus.  The track keeps
 time itself (frame n is due ``n * 20 ms`` after its first ``recv``), so a capture that stalls or a
 sink nobody plays into gives silence frames at the same pace rather than a stalled stream.
 
@@ -19,21 +20,29 @@ from __future__ import annotations
 import asyncio
 import fractions
 import time
-from typing import Final
+from typing import Final, Protocol
 
 from aiortc import AudioStreamTrack
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame
 
-from streamer.desktop.pcm import FRAME_SAMPLES, SAMPLE_RATE, PcmFramer
+from streamer.desktop.pcm import FRAME_SAMPLES, SAMPLE_RATE, PcmFrame
 
 TIME_BASE: Final = fractions.Fraction(1, SAMPLE_RATE)
+
+
+class PcmSource(Protocol):
+    """Where the track takes its frames: a ``PcmFramer`` (captured sound) or a ``SynthFramer`` (the game's)."""
+
+    def pop(self) -> PcmFrame: ...
+
+    def discard(self) -> None: ...
 
 
 class PcmAudioTrack(AudioStreamTrack):
     """Frames from ``framer``, one per 20 ms of the monotonic clock."""
 
-    def __init__(self, framer: PcmFramer) -> None:
+    def __init__(self, framer: PcmSource) -> None:
         super().__init__()
         self._framer = framer
         self._t0: float | None = None

@@ -4,7 +4,8 @@ Job: ``SessionRuntime`` composes one session.  ``start()`` brings up the
 picture source (desktop: ``VirtualDisplay`` with the app + ``open_capture`` +
 ``XInputSink``, and the session's sound: ``streamer.desktop.audio``'s private PulseAudio
 whose sink the app plays into, captured into a ``PcmAudioTrack`` for viewers that offer audio;
-game: the built-in ``Game`` renderer through ``GameSource``, silent,
+game: the built-in ``Game`` renderer through ``GameSource``, its sound synthesized in-process
+(``streamer.desktop.gamesound``: blips on game events, no audio server),
 or a game command on a virtual display like a desktop), probes and selects an
 encoder (``streamer.abr.control.choose_backend``) and starts the frame thread
 (``streamer.media.track.FramePipeline``).  ``handle_signal`` answers viewer offers
@@ -91,6 +92,7 @@ from streamer.desktop.audio import AudioCapture, AudioError, AudioServer, audio_
 from streamer.desktop.capture import FrameSource, GameRendererUnavailable, open_capture
 from streamer.desktop.display import DisplayConfig, VirtualDisplay, app_env, gpu_render_env
 from streamer.desktop.game import Game
+from streamer.desktop.gamesound import GameSynth, SynthFramer
 from streamer.desktop.inputsink import GameSource, InputRouter, XInputSink, wall_clock_ms
 from streamer.desktop.pcm import PcmFramer
 from streamer.media.audiotrack import PcmAudioTrack
@@ -194,6 +196,12 @@ class RuntimeConfig:
     # maximum is relaxed while the viewer's jitter needs a buffer (streamer.abr.playout), and the viewer
     # then raises its own floor (web/playout.js).  False: not sent (the viewer buffers as it likes).
     playout_delay: bool = True
+    # Sound: a desktop session's own PulseAudio captured as Opus, the built-in game's synthesized blips.
+    # False: every session is silent (no audio server started, no audio track offered).
+    audio: bool = True
+    # The built-in game beeps (1 kHz, 60 ms) at every multiple of this many ms of its render clock, the
+    # instant the frame stamped with it is rendered: how bench/bench_avsync.py measures A/V sync.  0: off.
+    game_beacon_ms: int = 0
 
     def __post_init__(self) -> None:
         if self.capture_backend not in CAPTURE_BACKENDS:
@@ -202,6 +210,8 @@ class RuntimeConfig:
             raise ValueError(f"game_renderer must be one of {sorted(GAME_RENDERERS)}")
         if self.stats_interval_ms < 10 or self.client_stats_interval_ms < self.stats_interval_ms:
             raise ValueError("stats_interval_ms must be >= 10 and <= client_stats_interval_ms")
+        if self.game_beacon_ms < 0:
+            raise ValueError("game_beacon_ms must be >= 0")
         if self.keyframe_min_interval_ms < 0:
             raise ValueError("keyframe_min_interval_ms must be >= 0")
         if self.stall_keyframe_ms < 0 or self.stall_keyframe_interval_ms < 0:
@@ -331,6 +341,9 @@ class SessionRuntime:
         self._display: VirtualDisplay | None = None
         self._audio: AudioServer | None = None  # desktop sessions' private PulseAudio (None: silent)
         self._audio_capture: AudioCapture | None = None
+        # the built-in game's sound (None: another kind, a game command, or audio off on this node)
+        self._game_synth = (GameSynth(config.game_beacon_ms)
+                            if kind_game and not spec.game_command and config.audio else None)
         self._source: FrameSource | None = None
         self._sink: XInputSink | GameSource | None = None
         self._router: InputRouter | None = None
@@ -632,6 +645,8 @@ class SessionRuntime:
         Sound is optional: without pulseaudio/parec, or when they fail to start, the session runs
         silent (logged) rather than not at all.
         """
+        if not self.config.audio:
+            return {}
         missing = audio_available()
         if missing is not None:
             log.info("session %s has no sound: %s", self.spec.id, missing)
@@ -646,6 +661,14 @@ class SessionRuntime:
             await self._stop_audio()
             return {}
         return self._audio.app_env()
+
+    def _audio_track(self) -> PcmAudioTrack | None:
+        """A new track of the session's sound for a viewer: captured (desktop), synthesized (game), or none."""
+        if self._audio_capture is not None:
+            return PcmAudioTrack(self._audio_capture.framer)
+        if self._game_synth is not None:
+            return PcmAudioTrack(SynthFramer(self._game_synth, wall_clock_ms))
+        return None
 
     async def _stop_audio(self) -> None:
         capture, self._audio_capture = self._audio_capture, None
@@ -714,7 +737,7 @@ class SessionRuntime:
             on_state=self._peer_state,
             on_channel_open=self._channel_open,
             on_keyframe_request=self._keyframe_requested,
-            audio_track=PcmAudioTrack(self._audio_capture.framer) if self._audio_capture is not None else None,
+            audio_track=self._audio_track(),
         )  # ice_servers were validated by start()
         try:
             answer = await peer.answer(sdp, selection.backend.webrtc_codec, early)
@@ -995,13 +1018,19 @@ class SessionRuntime:
                                gpu=self._encoder_gpu())
         return await asyncio.to_thread(VideoEncoder, backend, config)
 
+    def _new_game(self, width: int, height: int) -> Game:
+        game = self._game_factory(width, height)
+        if self._game_synth is not None:
+            game.on_sound = self._game_synth.add
+        return game
+
     async def _open_game(self) -> GameSource:
         """The built-in game with the configured renderer, started off the event loop."""
         spec, wanted = self.spec, self.config.game_renderer
         if wanted == "cpu" or (wanted == "auto" and not self._on_gpu()):
-            return GameSource(self._game_factory(spec.width, spec.height), wall_clock_ms)
+            return GameSource(self._new_game(spec.width, spec.height), wall_clock_ms)
         device = spec.gpu if self._on_gpu() else None  # EGL device = the seat's GPU (see docs/gpu.md)
-        game = GameSource(self._game_factory(spec.width, spec.height), wall_clock_ms, renderer="gl",
+        game = GameSource(self._new_game(spec.width, spec.height), wall_clock_ms, renderer="gl",
                           gl_device=device)
         try:
             await asyncio.to_thread(game.prepare)
@@ -1011,7 +1040,7 @@ class SessionRuntime:
                 raise
             log.warning("session %s: OpenGL game renderer unavailable on GPU %s (%s); rendering with numpy",
                         spec.id, device, exc.reason)
-            return GameSource(self._game_factory(spec.width, spec.height), wall_clock_ms)
+            return GameSource(self._new_game(spec.width, spec.height), wall_clock_ms)
         log.info("session %s: game renders with OpenGL on %s", spec.id, game.renderer_string)
         return game
 

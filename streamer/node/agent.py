@@ -108,6 +108,8 @@ class NodeAgent:
             encoder_preference=settings.encoder,
             capture_backend=settings.capture,
             game_renderer=settings.game_renderer,
+            audio=settings.audio,
+            game_beacon_ms=settings.game_beacon_ms,
         )
         self._commands: aiohttp.ClientWebSocketResponse | None = None  # the open command socket, if any
         self._telemetry = GpuTelemetry()

@@ -7,7 +7,8 @@ non-zero with the reason when a stated requirement fails:
 
 - ``--require-gpu``: NVML must list at least one GPU;
 - ``--require-gl``: every GPU must give an OpenGL context on the GPU (not Mesa's llvmpipe);
-- ``--require-nvenc``: every GPU must encode with NVENC.
+- ``--require-nvenc``: every GPU must encode with NVENC;
+- ``--require-audio``: desktop sessions must get sound (``pulseaudio`` and ``parec`` installed).
 
 Concurrency model: a synchronous command (no event loop); probes block the calling thread.
 Exit status: 0 all requirements met, 1 a requirement failed (each reason printed), 2 bad arguments.
@@ -24,6 +25,7 @@ from typing import Any
 
 from encoder.backends import BACKENDS
 from encoder.probe import probe_all
+from streamer.desktop.audio import audio_available
 from streamer.desktop.glgame import probe_gl
 from streamer.node.gpus import GpuTelemetry
 from streamer.node.inventory import Inventory, take_inventory
@@ -57,6 +59,7 @@ class Report:
     gpus: list[GpuReport]
     software_encoders: dict[str, str]  # backend -> "ok: ..." or the failure reason
     failures: list[str]
+    audio: str = ""  # "ok: ..." or why desktop sessions will be silent
 
 
 def requirement_failures(report_gpus: Sequence[GpuReport], gpu_render: bool, *, require_gpu: bool,
@@ -94,6 +97,13 @@ def examine(software_seats: int, *, inventory_fn: Callable[[int], Inventory] = t
     return inv, rows, software
 
 
+def audio_report(missing: str | None) -> str:
+    """The doctor's audio line from ``audio_available()``'s answer (pure)."""
+    if missing is None:
+        return "ok: pulseaudio and parec found (desktop sessions get their own sound server); game sound in-process"
+    return f"desktop sessions will be silent: {missing}; game sound in-process"
+
+
 def format_report(report: Report) -> str:
     lines = [f"GPUs: {report.reason}"]
     for g in report.gpus:
@@ -106,6 +116,7 @@ def format_report(report: Report) -> str:
         shown = {k: v for k, v in g.telemetry.items() if k != "index"}
         lines.append("  telemetry: " + (", ".join(f"{k}={v}" for k, v in shown.items()) or "none"))
     lines.append("software encoders: " + "; ".join(f"{k}: {v}" for k, v in report.software_encoders.items()))
+    lines.append(f"audio: {report.audio}")
     if report.failures:
         lines.append("REQUIREMENTS FAILED:")
         lines.extend(f"  - {f}" for f in report.failures)
@@ -121,6 +132,8 @@ def main(argv: Sequence[str] | None = None, *, software_seats: int = 2) -> int:
     parser.add_argument("--require-gpu", action="store_true", help="fail unless NVML lists a GPU")
     parser.add_argument("--require-gl", action="store_true", help="fail unless OpenGL runs on every GPU")
     parser.add_argument("--require-nvenc", action="store_true", help="fail unless every GPU encodes with NVENC")
+    parser.add_argument("--require-audio", action="store_true",
+                        help="fail unless desktop sessions get sound (pulseaudio and parec installed)")
     parser.add_argument("--seats", type=int, default=software_seats,
                         help="software-encode seat budget (the node's --seats) [default: %(default)s]")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -128,7 +141,10 @@ def main(argv: Sequence[str] | None = None, *, software_seats: int = 2) -> int:
     inv, rows, software = examine(ns.seats)
     failures = requirement_failures(rows, inv.gpu_render, require_gpu=ns.require_gpu, require_gl=ns.require_gl,
                                     require_nvenc=ns.require_nvenc)
-    report = Report(inv.reason, inv.gpu_render, rows, software, failures)
+    audio_missing = audio_available()
+    if ns.require_audio and audio_missing:
+        failures.append(f"no sound for desktop sessions: {audio_missing}")
+    report = Report(inv.reason, inv.gpu_render, rows, software, failures, audio=audio_report(audio_missing))
     if ns.json:
         print(json.dumps({**asdict(report), "gpus": [{**asdict(g), "renders_on_gpu": g.renders_on_gpu}
                                                     for g in rows]}, indent=2))

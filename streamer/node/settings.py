@@ -43,6 +43,10 @@ class NodeSettings:
     game_renderer: str = opt("auto", "Built-in game renderer: auto (OpenGL through EGL on the session's GPU on a "
                                      "host with NVIDIA GPUs, numpy elsewhere or when GL cannot start), gl, cpu")
     game_command: list[str] = opt([], argv=True, help="Command a game session runs; empty = the built-in renderer")
+    audio: bool = opt(True, "Sound: each desktop session gets its own PulseAudio, captured and sent as Opus; the "
+                            "built-in game's sounds are synthesized in-process. False = every session is silent")
+    game_beacon_ms: int = opt(0, "Benchmarks only: the built-in game beeps at every multiple of this many ms of "
+                                 "its render clock (A/V sync measurement, bench/bench_avsync.py); 0 = off")
     shutdown_grace_s: float = opt(60.0, "On SIGTERM (a rolling restart): drain this host, warn viewers, and wait up "
                                         "to this long for sessions to end before stopping; 0 stops at once. Keep "
                                         "it under the pod's terminationGracePeriodSeconds. A second SIGTERM or "

@@ -84,13 +84,37 @@ async def test_a_desktop_apps_tone_reaches_the_viewer_as_opus_and_stop_leaves_no
     assert not Path(env["PULSE_SERVER"].removeprefix("unix:")).parent.exists()
 
 
-async def test_a_game_session_answers_an_audio_offer_with_video_only() -> None:
-    """The built-in game has no sound yet: its answer's audio section is inactive, video flows."""
-    runtime = SessionRuntime(SessionSpec(id="game-sound", kind="game", width=320, height=240, fps=30), CONFIG)
+def hears(viewer: Viewer, freq_hz: int, window_s: float = 1.0) -> bool:
+    """The last ``window_s`` received hold a clear ``freq_hz`` component."""
+    window = viewer.sound(window_s)
+    return len(window) >= 9_600 and tone_amplitude(window, freq_hz) > 0.02 * FULL_SCALE
+
+
+async def test_the_built_in_games_sound_is_synthesized_in_process_and_reaches_the_viewer() -> None:
+    """A game session needs no audio server: its beeps (the benchmark's beacon here) arrive as Opus."""
+    config = RuntimeConfig(advertise_addresses=("127.0.0.1",), stats_interval_ms=100, game_beacon_ms=250)
+    runtime = SessionRuntime(SessionSpec(id="game-sound", kind="game", width=320, height=240, fps=30), config)
     await runtime.start()
     viewer = Viewer(audio=True)
     try:
-        assert "audio" not in runtime.pids
+        assert "audio" not in runtime.pids  # no PulseAudio for the built-in game
+        await viewer.connect(runtime.handle_signal)
+        await viewer.wait_frames(3)
+        assert runtime.stats()["audio_codec"] == "opus"
+        await until(lambda: viewer.audio_frames >= 50, "no audio frames decoded")
+        await until(lambda: hears(viewer, 1000), "no 1 kHz beacon in the sound received", deadline_s=10)
+        assert not hears(viewer, 440)
+    finally:
+        await viewer.close()
+        await runtime.stop()
+
+
+async def test_audio_off_on_the_node_makes_every_session_silent() -> None:
+    config = RuntimeConfig(advertise_addresses=("127.0.0.1",), stats_interval_ms=100, audio=False, game_beacon_ms=250)
+    runtime = SessionRuntime(SessionSpec(id="game-mute", kind="game", width=320, height=240, fps=30), config)
+    await runtime.start()
+    viewer = Viewer(audio=True)
+    try:
         await viewer.connect(runtime.handle_signal)
         await viewer.wait_frames(3)
         assert runtime.stats()["audio_codec"] is None and viewer.audio_frames == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -66,3 +67,19 @@ def test_doctor_exits_non_zero_with_the_reason_when_a_requirement_fails() -> Non
     assert out.returncode == 1
     assert "REQUIREMENTS FAILED" in out.stdout and "no NVIDIA GPU found by NVML" in out.stdout
     assert why in out.stdout
+
+
+def test_doctor_reports_sound_and_require_audio_fails_without_pulseaudio() -> None:
+    from streamer.desktop.audio import audio_available
+    from streamer.node.doctor import audio_report
+
+    assert audio_report(None).startswith("ok: ")
+    assert audio_report("pulseaudio not installed").startswith("desktop sessions will be silent: pulseaudio")
+    if audio_available() is not None:
+        pytest.skip(f"no audio server here: {audio_available()}")
+    out = _doctor("--json", "--require-audio")
+    assert out.returncode == 0, out.stdout
+    assert json.loads(out.stdout)["audio"].startswith("ok: ")
+    bare = subprocess.run([sys.executable, "-m", "streamer", "doctor", "--require-audio"], capture_output=True,
+                          text=True, timeout=120, check=False, env={**os.environ, "PATH": "/nonexistent"})
+    assert bare.returncode == 1 and "no sound for desktop sessions: pulseaudio and parec not installed" in bare.stdout
