@@ -250,8 +250,20 @@ PLAYOUT_JS = """() => { const pc = window.renderBroker.pc;
 PLAYOUT_MODES = ("low", "browser")
 
 
-async def measure(opts: argparse.Namespace, workdir: Path) -> list[GlassResult]:
-    """Start broker, node and Chromium; per window, stream a game session from the page; the windows' samples."""
+@dataclass
+class Stack:
+    """What ``served`` started: the Chromium context to open pages in, the broker's URL, a user's token."""
+
+    ctx: Any
+    base: str
+    token: str
+    seat_free: Any  # async () -> True once the user has no live session (for ``_until``)
+    procs: list[asyncio.subprocess.Process]
+
+
+@contextlib.asynccontextmanager
+async def served(opts: argparse.Namespace, workdir: Path, node_args: tuple[str, ...] = ()) -> AsyncIterator[Stack]:
+    """Broker (embedded defaults), a ``game`` pool, one render node (``node_args`` added) and headless Chromium."""
     from playwright.async_api import async_playwright
 
     width, height = opts.size
@@ -265,7 +277,7 @@ async def measure(opts: argparse.Namespace, workdir: Path) -> list[GlassResult]:
                   "BROKER_AUTOSCALE_INTERVAL_S": "0"}  # one static node; nothing to scale
     node_argv = [sys.executable, "-m", "streamer", "--broker-url", base, f"--node-token={node_token}", "--pool", POOL,
                  "--host-id", HOST_ID, "--seats", "1", "--advertise-addresses", "127.0.0.1",
-                 "--heartbeat-interval-s", "1", "--encoder", opts.encoder, "--log-level", "warning"]
+                 "--heartbeat-interval-s", "1", "--encoder", opts.encoder, "--log-level", "warning", *node_args]
     admin_auth = {"Authorization": f"Bearer {admin}"}
 
     async with contextlib.AsyncExitStack() as stack:
@@ -303,11 +315,17 @@ async def measure(opts: argparse.Namespace, workdir: Path) -> list[GlassResult]:
             viewport={"width": width, "height": height})
         stack.push_async_callback(ctx.close)
         ctx.set_default_timeout(START_TIMEOUT_S * 1000)
+        yield Stack(ctx, base, token, seat_free, [broker, node])
+
+
+async def measure(opts: argparse.Namespace, workdir: Path) -> list[GlassResult]:
+    """Start broker, node and Chromium; per window, stream a game session from the page; the windows' samples."""
+    async with served(opts, workdir) as up:
         results = []
         for mode in window_modes(opts.playout, opts.rounds):
             if results:
-                await _until("the previous session's seat freed", seat_free, [broker, node])
-            results.append(await _window(ctx, base, token, mode, opts))
+                await _until("the previous session's seat freed", up.seat_free, up.procs)
+            results.append(await _window(up.ctx, up.base, up.token, mode, opts))
         return results
 
 
@@ -320,14 +338,8 @@ def window_modes(playout: str, rounds: int) -> list[str]:
 
 async def _window(ctx: Any, base: str, token: str, mode: str, opts: argparse.Namespace) -> GlassResult:
     """One session from a fresh page in ``mode``: warm up, sample one window, end the session."""
-    page = await ctx.new_page()
+    page = await open_stream(ctx, base, token, mode)
     try:
-        await page.goto(f"{base}/?playout={mode}")
-        await page.fill("#token", token)
-        await page.click("#signin-submit")
-        await page.locator(f'#pools article[data-pool="{POOL}"] button').click()
-        await page.locator('body[data-view="stream"]').wait_for()
-        await page.wait_for_function("async () => (await window.renderBroker.stats())?.framesDecoded > 0")
         skew = float(await page.evaluate(COLLECTOR_JS))
 
         await asyncio.sleep(opts.warmup_s)  # first keyframe, bitrate and ladder settling
@@ -385,6 +397,22 @@ async def _window(ctx: Any, base: str, token: str, mode: str, opts: argparse.Nam
     )
 
 
+async def open_stream(ctx: Any, base: str, token: str, mode: str = "low") -> Any:
+    """A new page that signs in with ``token`` and starts a game session like a user; returns once a frame decoded."""
+    page = await ctx.new_page()
+    try:
+        await page.goto(f"{base}/?playout={mode}")
+        await page.fill("#token", token)
+        await page.click("#signin-submit")
+        await page.locator(f'#pools article[data-pool="{POOL}"] button').click()
+        await page.locator('body[data-view="stream"]').wait_for()
+        await page.wait_for_function("async () => (await window.renderBroker.stats())?.framesDecoded > 0")
+    except BaseException:
+        await page.close()
+        raise
+    return page
+
+
 async def _end_session(page: Any) -> None:
     """End the session from the page (its End button) so the node stops it before it is killed."""
     with contextlib.suppress(Exception):  # best effort: the processes are stopped right after anyway
@@ -400,8 +428,9 @@ def _tail(path: Path) -> str:
     return "\n".join(lines[-LOG_TAIL_LINES:]) or "(empty)"
 
 
-async def _run_guarded(opts: argparse.Namespace, workdir: Path) -> list[GlassResult]:
-    """``measure`` with SIGTERM turned into cancellation, so the clean-up runs (Ctrl-C already does)."""
+async def run_guarded(opts: argparse.Namespace, workdir: Path, body: Any = None) -> Any:
+    """``body(opts, workdir)`` (default ``measure``) with SIGTERM turned into cancellation, so the clean-up runs
+    (Ctrl-C already does)."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     installed = False
@@ -410,7 +439,7 @@ async def _run_guarded(opts: argparse.Namespace, workdir: Path) -> list[GlassRes
             loop.add_signal_handler(signal.SIGTERM, task.cancel)
             installed = True
     try:
-        return await measure(opts, workdir)
+        return await (body or measure)(opts, workdir)
     finally:
         if installed:
             loop.remove_signal_handler(signal.SIGTERM)
@@ -516,7 +545,7 @@ def run(argv: list[str] | None = None) -> list[GlassResult]:
           f"+ headless Chromium via Playwright, one machine; warm-up {opts.warmup_s:g} s", flush=True)
     started = time.monotonic()
     try:
-        results = asyncio.run(_run_guarded(opts, workdir))
+        results = asyncio.run(run_guarded(opts, workdir))
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("interrupted: everything this benchmark started has been stopped", file=sys.stderr)
         raise SystemExit(130) from None
