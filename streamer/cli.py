@@ -36,7 +36,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 async def _run(settings: object) -> int:
     from streamer.node.agent import NodeAgent
 
-    agent = NodeAgent(settings)  # type: ignore[arg-type]
+    try:
+        agent = NodeAgent(settings)  # type: ignore[arg-type]
+    except ValueError as exc:  # a bad setting (e.g. an unknown session_user): one line, no traceback
+        print(f"render-node: {exc}", file=sys.stderr)
+        return 2
+    refusal = agent.runtime_config.app_refusal
+    if refusal:
+        logging.getLogger("streamer.node").warning("desktop and game-command sessions will fail: %s", refusal)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, agent.stop)  # Ctrl-C: now
     loop.add_signal_handler(signal.SIGTERM, agent.request_shutdown)  # rolling restart: drain, warn, wait

@@ -65,3 +65,18 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+# Desktop sessions of a node this test run starts: as root (CI) the node refuses to run them as root, so its
+# session programs run as nobody (which is what a production node run as root should be told too).
+SESSION_USER = "nobody"
+
+
+def session_user_env() -> dict[str, str]:
+    """``NODE_*`` environment for a test node that runs desktop sessions (empty when not root)."""
+    return {"NODE_SESSION_USER": SESSION_USER} if os.geteuid() == 0 else {}
+
+
+def session_user_args() -> list[str]:
+    """The same as command-line arguments."""
+    return ["--session-user", SESSION_USER] if os.geteuid() == 0 else []

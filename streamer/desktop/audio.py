@@ -16,7 +16,9 @@ Flags that matter (PulseAudio 16, run as root as the node is): ``--system=false`
 (PCM is copied over the socket, 192 kB/s, and no shm segments are left behind after a SIGKILL);
 ``--realtime=no --high-priority=no`` (no rtkit); ``--use-pid-file=no``.
 ``auth-anonymous=1`` on the socket: access is decided by the 0700 directory it lives in (the
-same boundary as the X display: see ``streamer.desktop.display``).
+same boundary as the X display: see ``streamer.desktop.display``).  With a session user
+(``AudioServer(user=...)``, ``streamer.desktop.sessionuser``) the daemon runs as that account and the
+directory is that account's; ``parec`` stays the node's (root reaches the socket).
 
 Concurrency model: asyncio.  Both children are asyncio subprocesses that lead their own process
 group (``start_new_session``) and die with the node (``die_with_parent``); they are stopped with
@@ -46,8 +48,10 @@ from pathlib import Path
 from typing import Final
 
 from rbcommon.procs import owned_tmpdir, terminate_group
+from streamer.desktop import sessionuser
 from streamer.desktop.display import die_with_parent, socket_listening
 from streamer.desktop.pcm import CHANNELS, FRAME_MS, SAMPLE_RATE, PcmFramer
+from streamer.desktop.sessionuser import SessionUser
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +81,10 @@ class AudioServer:
     """A private PulseAudio with one null sink; ``async with AudioServer() as audio``."""
 
     def __init__(
-        self, *, start_timeout_s: float = 5.0, stop_timeout_s: float = 2.0, base_env: Mapping[str, str] | None = None
+        self, *, start_timeout_s: float = 5.0, stop_timeout_s: float = 2.0, base_env: Mapping[str, str] | None = None,
+        user: SessionUser | None = None,
     ) -> None:
+        self.user = user  # the account the daemon runs as (the session's); None: this process's
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self._base_env = base_env if base_env is not None else os.environ
@@ -140,10 +146,17 @@ class AudioServer:
             "--disallow-module-loading",
         ]  # fmt: skip
         log_fd = os.open(d / "pulse.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        if sessionuser.switches(self.user):
+            # the daemon runs as the session user, in a folder that user owns (0700); our parec, as root,
+            # still reaches the socket
+            assert self.user is not None
+            for path in (d, d / "client.conf", d / "pulse.log"):
+                os.chown(path, self.user.uid, self.user.gid)
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *argv, env=env, cwd=str(d), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
                 stderr=log_fd, start_new_session=True, preexec_fn=die_with_parent,
+                **sessionuser.spawn_kwargs(self.user),
             )  # fmt: skip
         except OSError as exc:
             raise AudioError(f"cannot run {PULSEAUDIO!r}: {exc}") from exc

@@ -38,9 +38,11 @@ or a container per session.  xterm's shell is such a case but exits on the
 SIGHUP of its closed pty.
 
 Isolation note: no X authority cookie is used; local clients of the same
-machine may connect.  A cookie would not isolate sessions whose apps run as the
-same Unix user (they can read each other's files); per-session users or
-containers are the isolation boundary.
+machine may connect.  The WM and the app run as ``DisplayConfig.user`` (the
+node's ``session_user``, e.g. ``nobody``: never root unless the operator says
+so, see ``streamer.desktop.sessionuser``), with a private HOME; sessions that
+share that account can still reach each other's displays and files, so
+per-session accounts or containers are the boundary between sessions.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ from Xlib.error import DisplayError as XDisplayError
 from Xlib.ext import randr
 
 from rbcommon.procs import owned_tmpdir
+from streamer.desktop import sessionuser
+from streamer.desktop.sessionuser import SessionUser
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +160,9 @@ class DisplayConfig:
     # Environment of the WM and the app (DISPLAY is added).  None: this process's environment.
     env: Mapping[str, str] | None = None
     xvfb: str = "Xvfb"  # executable name or path
+    # The account the WM and the app run as (Xvfb stays the node's); None: this process's.  Another
+    # account than this process's needs root here; it gets a private HOME in the display's scratch folder.
+    user: SessionUser | None = None
     xvfb_args: Sequence[str] = ()  # extra Xvfb arguments
     start_timeout_s: float = 5.0  # per step: Xvfb ready, WM ready
     stop_timeout_s: float = 2.0  # SIGTERM grace before SIGKILL, per process
@@ -198,6 +205,7 @@ class VirtualDisplay:
         self._wm: _Child | None = None
         self._app: _Child | None = None
         self._close_task: asyncio.Task[None] | None = None
+        self._user_env: dict[str, str] = {}  # HOME/USER/LOGNAME of the configured session user
 
     # --- properties ---------------------------------------------------------------
     @property
@@ -256,6 +264,8 @@ class VirtualDisplay:
     async def _start(self) -> None:
         cfg = self.config
         self._tmpdir = owned_tmpdir(DISPLAY_TMP_PREFIX)
+        if cfg.user is not None:
+            self._user_env = sessionuser.env(cfg.user, sessionuser.prepare_home(self._tmpdir, cfg.user))
         t0 = time.perf_counter()
         self._number = await self._start_xvfb()
         t1 = time.perf_counter()
@@ -346,7 +356,7 @@ class VirtualDisplay:
     def child_env(self) -> dict[str, str]:
         """The environment children get: the configured one plus ``DISPLAY``."""
         base = self.config.env if self.config.env is not None else os.environ
-        return {**base, "DISPLAY": self.name}
+        return {**base, **self._user_env, "DISPLAY": self.name}
 
     async def _spawn(self, role: str, argv: Sequence[str]) -> _Child:
         try:
@@ -358,6 +368,7 @@ class VirtualDisplay:
                 stderr=asyncio.subprocess.DEVNULL,
                 start_new_session=True,
                 preexec_fn=die_with_parent,
+                **sessionuser.spawn_kwargs(self.config.user),
             )
         except OSError as exc:
             raise DisplayError(f"cannot run {role} {argv[0]!r}: {exc}") from exc

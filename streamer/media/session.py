@@ -95,6 +95,7 @@ from streamer.desktop.game import Game
 from streamer.desktop.gamesound import GameSynth, SynthFramer
 from streamer.desktop.inputsink import GameSource, InputRouter, XInputSink, wall_clock_ms
 from streamer.desktop.pcm import PcmFramer
+from streamer.desktop.sessionuser import SessionUser
 from streamer.media.audiotrack import PcmAudioTrack
 from streamer.media.peer import (
     EARLY_CANDIDATES_MAX,
@@ -196,6 +197,12 @@ class RuntimeConfig:
     # maximum is relaxed while the viewer's jitter needs a buffer (streamer.abr.playout), and the viewer
     # then raises its own floor (web/playout.js).  False: not sent (the viewer buffers as it likes).
     playout_delay: bool = True
+    # The account a session's programs (desktop WM and app, a game command, the session's PulseAudio) run as:
+    # streamer.desktop.sessionuser.  None: the node's own.
+    session_user: SessionUser | None = None
+    # Why this node must not start session programs (a root session user the operator did not allow), or
+    # None.  A desktop or game-command session then fails to start with this reason; the built-in game runs.
+    app_refusal: str | None = None
     # Sound: a desktop session's own PulseAudio captured as Opus, the built-in game's synthesized blips.
     # False: every session is silent (no audio server started, no audio track offered).
     audio: bool = True
@@ -216,6 +223,10 @@ class RuntimeConfig:
             raise ValueError("keyframe_min_interval_ms must be >= 0")
         if self.stall_keyframe_ms < 0 or self.stall_keyframe_interval_ms < 0:
             raise ValueError("stall_keyframe_ms and stall_keyframe_interval_ms must be >= 0")
+
+
+class SessionRefused(Exception):
+    """This node does not start the session's programs (``RuntimeConfig.app_refusal`` says why)."""
 
 
 # --- helpers ---------------------------------------------------------------------------
@@ -570,13 +581,15 @@ class SessionRuntime:
             game = await self._open_game()
             self._source, self._sink = game, game
         else:
+            if self.config.app_refusal:
+                raise SessionRefused(self.config.app_refusal)
             app = spec.app_command if spec.kind == PoolKind.DESKTOP.value else spec.game_command
             env = app_env(os.environ)  # the node's tokens stay out of the user's desktop
             if self._on_gpu() and spec.gpu is not None:
                 env = gpu_render_env(env, spec.gpu)
             env = {**env, **await self._start_audio()}
             self._display = VirtualDisplay(DisplayConfig(width=spec.width, height=spec.height, app=app or None,
-                                                         env=env))
+                                                         env=env, user=self.config.session_user))
             await self._display.start()
             backend = cast(Literal["auto", "x11grab", "mss"], self.config.capture_backend)
             self._source = await asyncio.to_thread(
@@ -651,7 +664,7 @@ class SessionRuntime:
         if missing is not None:
             log.info("session %s has no sound: %s", self.spec.id, missing)
             return {}
-        self._audio = AudioServer()
+        self._audio = AudioServer(user=self.config.session_user)
         try:
             await self._audio.start()
             self._audio_capture = AudioCapture(self._audio, PcmFramer())

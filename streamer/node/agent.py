@@ -39,6 +39,7 @@ import dataclasses
 import importlib.metadata
 import json
 import logging
+import os
 import ssl
 import time
 from typing import Any
@@ -47,9 +48,10 @@ import aiohttp
 
 from broker.protocol import API_PREFIX, NodeCommand
 from rbcommon.procs import sweep_stale_tmpdirs
+from streamer.desktop import sessionuser
 from streamer.desktop.audio import AUDIO_TMP_PREFIX
 from streamer.desktop.display import DISPLAY_TMP_PREFIX
-from streamer.media.session import RuntimeConfig, SessionRuntime, SessionSpec
+from streamer.media.session import RuntimeConfig, SessionRefused, SessionRuntime, SessionSpec
 from streamer.node.gpus import GpuInfo, GpuTelemetry
 from streamer.node.health import NodeHealth
 from streamer.node.inventory import take_inventory
@@ -103,6 +105,9 @@ class NodeAgent:
         self._stop = asyncio.Event()
         self.registered = asyncio.Event()
         self.retired = False  # set when the broker refused this host id for good
+        # raises ValueError naming the setting for an unknown account (the CLI prints it as one line)
+        self.session_user = (sessionuser.lookup(settings.session_user) if settings.session_user
+                             else sessionuser.node_user())
         self.runtime_config = RuntimeConfig(
             advertise_addresses=tuple(settings.advertise_addresses),
             encoder_preference=settings.encoder,
@@ -110,6 +115,8 @@ class NodeAgent:
             game_renderer=settings.game_renderer,
             audio=settings.audio,
             game_beacon_ms=settings.game_beacon_ms,
+            session_user=self.session_user,
+            app_refusal=sessionuser.refusal(self.session_user, os.geteuid(), settings.allow_root_sessions),
         )
         self._commands: aiohttp.ClientWebSocketResponse | None = None  # the open command socket, if any
         self._telemetry = GpuTelemetry()
@@ -462,7 +469,10 @@ class NodeAgent:
                                 on_event=lambda ev, info: self._on_runtime_event(sid, ev, info))
             await rt.start()
         except Exception as exc:  # task boundary: the session fails, the node lives on
-            log.exception("session %s failed to start", sid)
+            if isinstance(exc, SessionRefused):
+                log.error("session %s refused: %s", sid, exc)  # an operator's setting, not a crash
+            else:
+                log.exception("session %s failed to start", sid)
             await self._report(sid, "ended", "start_failed")
             self.health.session_failures += 1
             del self._starting[sid]

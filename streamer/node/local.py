@@ -4,7 +4,9 @@ Used by ``scripts/run.sh``.  Starts ``render-broker serve`` (embedded Redis,
 SQLite in the data dir), creates a ``desktop`` and a ``game`` pool, starts one
 render node per pool advertising 127.0.0.1, prints the URLs and tokens, and on
 Ctrl-C / SIGTERM stops the nodes, then the broker: nothing is left running.
-Settings come from the same ``BROKER_*`` variables the broker reads.
+Settings come from the same ``BROKER_*`` variables the broker reads.  Run as root (a container, a
+CI machine), the nodes run desktop sessions as ``nobody`` unless ``NODE_SESSION_USER`` says otherwise:
+a session is a shell, and a guest must not get a root one.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import aiohttp
 from rbcommon.procs import terminate_group
 
 NODE_SEATS = 2  # sessions per local node (CPU encode: ~1 core per 720p30 stream)
+ROOT_FALLBACK_SESSION_USER = "nobody"  # whom desktop sessions run as when this runs as root
 
 
 async def _wait_ready(url: str, proc: asyncio.subprocess.Process, timeout_s: float = 60) -> None:
@@ -38,6 +41,8 @@ async def _wait_ready(url: str, proc: asyncio.subprocess.Process, timeout_s: flo
 
 async def run() -> int:
     env = dict(os.environ)
+    if os.geteuid() == 0 and not env.get("NODE_ALLOW_ROOT_SESSIONS"):
+        env.setdefault("NODE_SESSION_USER", ROOT_FALLBACK_SESSION_USER)
     port = env.get("BROKER_PORT", "8080")
     host = env.get("BROKER_HOST", "127.0.0.1")
     admin, node = env["BROKER_ADMIN_TOKEN"], env["BROKER_NODE_TOKEN"]
@@ -66,7 +71,8 @@ async def run() -> int:
                 env=env, start_new_session=True))
         print(f"\nrender-broker is up:\n  client:    {url}/\n  dashboard: {url}/admin\n"
               f"  admin token: {admin}\n  pools: desktop, game (guests allowed: "
-              f"{env.get('BROKER_ALLOW_GUESTS', 'false')})\nCtrl-C stops everything.\n", flush=True)
+              f"{env.get('BROKER_ALLOW_GUESTS', 'false')}; desktop sessions run as "
+              f"{env.get('NODE_SESSION_USER') or 'your user'})\nCtrl-C stops everything.\n", flush=True)
         waiters = [asyncio.create_task(p.wait()) for p in procs]
         stopper = asyncio.create_task(stop.wait())
         await asyncio.wait([*waiters, stopper], return_when=asyncio.FIRST_COMPLETED)

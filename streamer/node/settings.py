@@ -43,6 +43,12 @@ class NodeSettings:
     game_renderer: str = opt("auto", "Built-in game renderer: auto (OpenGL through EGL on the session's GPU on a "
                                      "host with NVIDIA GPUs, numpy elsewhere or when GL cannot start), gl, cpu")
     game_command: list[str] = opt([], argv=True, help="Command a game session runs; empty = the built-in renderer")
+    session_user: str = opt("", "Unix account (name or uid) that session programs run as: the desktop's window "
+                                "manager and app, a game command, the session's sound server. Empty = the node's "
+                                "own; another account needs the node to run as root")
+    allow_root_sessions: bool = opt(False, "Let session programs run as root (a node run as root with no "
+                                           "session_user). Off: such a node starts the built-in game only and "
+                                           "fails desktop sessions, saying why")
     audio: bool = opt(True, "Sound: each desktop session gets its own PulseAudio, captured and sent as Opus; the "
                             "built-in game's sounds are synthesized in-process. False = every session is silent")
     game_beacon_ms: int = opt(0, "Benchmarks only: the built-in game beeps at every multiple of this many ms of "

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 
@@ -33,3 +38,17 @@ def tone_amplitude(signal: np.ndarray, freq_hz: float, rate: int = RATE) -> floa
 def rms(signal: np.ndarray) -> float:
     x = np.asarray(signal, dtype=np.float64)
     return float(np.sqrt(np.mean(x * x))) if len(x) else 0.0
+
+
+@contextlib.contextmanager
+def readable_tone_file(freq_hz: float, seconds: float, amplitude: float = 0.5) -> Iterator[Path]:
+    """A raw tone file any account can read (a session's app may run as nobody; pytest's tmp_path is root's)."""
+    folder = Path(tempfile.mkdtemp(prefix="rb-tone-"))
+    try:
+        folder.chmod(0o755)
+        path = folder / "tone.raw"
+        path.write_bytes(sine_pcm(freq_hz, seconds, amplitude))
+        path.chmod(0o644)
+        yield path
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

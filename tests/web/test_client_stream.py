@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import ADMIN, NODE
-from tests.procs import Proc, stop_process
+from tests.procs import Proc, session_user_env, stop_process
 from tests.web.conftest import VIEWPORT, call, page_errors, screenshot, user_token
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
@@ -45,7 +45,8 @@ def _skip_reason() -> str | None:
 async def render_node(base: str, pool: str, log_path: Path) -> AsyncIterator[asyncio.subprocess.Process]:
     env = {**os.environ, "NODE_BROKER_URL": base, "NODE_NODE_TOKEN": NODE, "NODE_HOST_ID": HOST, "NODE_POOL": pool,
            "NODE_ADVERTISE_ADDRESSES": "127.0.0.1", "NODE_SEATS": "1", "NODE_HEARTBEAT_INTERVAL_S": "1",
-           "NODE_ENCODER": "libx264", "NODE_LOG_LEVEL": "info", "NODE_SHUTDOWN_GRACE_S": "0"}
+           "NODE_ENCODER": "libx264", "NODE_LOG_LEVEL": "info", "NODE_SHUTDOWN_GRACE_S": "0",
+           **session_user_env()}
     with open(log_path, "ab") as log:  # noqa: ASYNC230 (a local log file, opened once)
         proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "streamer", env=env, stdout=log, stderr=log,
                                                     start_new_session=True)

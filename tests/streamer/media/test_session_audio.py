@@ -7,15 +7,19 @@ tools are not installed.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from streamer.desktop import sessionuser
 from streamer.desktop.audio import audio_available
-from streamer.media.session import RuntimeConfig, SessionRuntime, SessionSpec
+from streamer.media.session import RuntimeConfig, SessionRefused, SessionRuntime, SessionSpec
 from tests.procs import alive
-from tests.streamer.tone import rms, sine_pcm, tone_amplitude
+from tests.streamer.tone import readable_tone_file, rms, tone_amplitude
 from tests.streamer.viewer import Viewer, until
 
 pytestmark = [
@@ -38,6 +42,11 @@ def environ(pid: int) -> dict[str, str]:
     return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
 
 
+def owner(pid: int) -> int:
+    """The uid a process runs as."""
+    return Path(f"/proc/{pid}").stat().st_uid
+
+
 def hears_tone(viewer: Viewer) -> bool:
     """The last 200 ms received hold the tone: loud, at its frequency, not at another."""
     window = viewer.sound(0.2)
@@ -50,15 +59,32 @@ def hears_tone(viewer: Viewer) -> bool:
     )
 
 
-async def test_a_desktop_apps_tone_reaches_the_viewer_as_opus_and_stop_leaves_nothing(tmp_path: Path) -> None:
-    tone = tmp_path / "tone.raw"
-    tone.write_bytes(sine_pcm(TONE_HZ, 2.0, amplitude=0.5))
+@pytest.fixture
+def tone() -> Iterator[Path]:
+    """The tone file, readable by the session's account."""
+    with readable_tone_file(TONE_HZ, 2.0) as path:
+        yield path
+
+
+@pytest.mark.parametrize("as_user", [None, "nobody"])
+async def test_a_desktop_apps_tone_reaches_the_viewer_as_opus_and_stop_leaves_nothing(
+    as_user: str | None, tone: Path
+) -> None:
+    """Also with the session's programs (app, WM, PulseAudio) running as an unprivileged account."""
+    config = CONFIG
+    if as_user is not None:
+        if os.geteuid() != 0:
+            pytest.skip("running session programs as another account needs root")
+        config = dataclasses.replace(CONFIG, session_user=sessionuser.lookup(as_user))
     play = f"while :; do pacat --raw --format=s16le --rate=48000 --channels=2 {tone} || exit 1; done"
     spec = SessionSpec(id="desk-sound", kind="desktop", width=320, height=240, fps=30, app_command=("sh", "-c", play))
-    runtime = SessionRuntime(spec, CONFIG)
+    runtime = SessionRuntime(spec, config)
     await runtime.start()
     pids = runtime.pids
     assert {"xvfb", "wm", "app", "audio", "audio_capture"} <= set(pids)
+    if as_user is not None:
+        uid = sessionuser.lookup(as_user).uid
+        assert [owner(pids[r]) for r in ("app", "wm", "audio")] == [uid] * 3
     env = environ(pids["app"])
     assert env["PULSE_SERVER"].startswith("unix:") and env["PULSE_SERVER"].endswith("/pulse.sock")
     viewer = Viewer(audio=True)
@@ -140,3 +166,16 @@ async def test_an_audio_server_that_cannot_start_leaves_the_session_silent_not_f
     finally:
         await viewer.close()
         await runtime.stop()
+
+
+async def test_a_node_that_refuses_root_sessions_fails_a_desktop_start_and_still_runs_the_game() -> None:
+    why = "session programs would run as root: set NODE_SESSION_USER"
+    config = dataclasses.replace(CONFIG, app_refusal=why)
+    desktop = SessionRuntime(SessionSpec(id="desk-root", kind="desktop", width=320, height=240, fps=30,
+                                         app_command=("sleep", "30")), config)
+    with pytest.raises(SessionRefused, match="NODE_SESSION_USER"):
+        await desktop.start()
+    assert desktop.pids == {}  # nothing was started
+    game = SessionRuntime(SessionSpec(id="game-root", kind="game", width=320, height=240, fps=30), config)
+    await game.start()
+    await game.stop()

@@ -26,7 +26,7 @@ import pytest
 
 from streamer.desktop.game import find_player, read_stamp
 from tests.conftest import ADMIN, NODE, SECRET, auth
-from tests.procs import broker_process, stop_process
+from tests.procs import broker_process, session_user_args, stop_process
 from tests.streamer.viewer import Viewer, until
 
 pytestmark = pytest.mark.e2e
@@ -51,8 +51,8 @@ async def node_process(broker_url: str, pool: str, host_id: str, log: Path,
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "streamer", "--broker-url", broker_url, "--node-token", NODE, "--pool", pool,
             "--host-id", host_id, "--seats", "1", "--advertise-addresses", "127.0.0.1",
-            "--heartbeat-interval-s", "1", "--shutdown-grace-s", str(shutdown_grace_s), stdout=fh, stderr=fh,
-            start_new_session=True)
+            "--heartbeat-interval-s", "1", "--shutdown-grace-s", str(shutdown_grace_s), *session_user_args(),
+            stdout=fh, stderr=fh, start_new_session=True)
     try:
         yield proc
     finally:
