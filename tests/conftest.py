@@ -23,6 +23,12 @@ from broker.embedded import free_port
 
 PG_DSN = os.environ.get("RB_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
+# A render node refuses to run desktop sessions as root (streamer.desktop.sessionuser). Run as root (CI),
+# every node a test starts from this environment runs its session programs as nobody, like a production
+# node run as root is told to; tests that pass an explicit environment use tests.procs.session_user_env.
+if os.geteuid() == 0:
+    os.environ.setdefault("NODE_SESSION_USER", "nobody")
+
 
 def _reachable(host: str, port: int) -> bool:
     try:
