@@ -115,6 +115,7 @@ class SignalError(StrEnum):
     BAD_CANDIDATE = "bad_candidate"  # reserved: a malformed candidate is dropped and logged
     ICE_FAILED = "ice_failed"  # node, after an answer: ICE failed (before connecting, or consent lost)
     DTLS_FAILED = "dtls_failed"  # node, after an answer: ICE connected, the DTLS handshake failed
+    NO_UDP_PORT = "no_udp_port"  # node: every UDP port of its configured range is in use; offer again later
 
 
 # --- data channel (viewer <-> node) -------------------------------------------------

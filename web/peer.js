@@ -35,6 +35,7 @@ const ICE_GATHER_TIMEOUT_MS = 4000; // send what we have if gathering stalls (e.
 const OFFER_RESEND_MS = 10_000; // last resort, only for an offer sent to a running session
 const RUNNING_GRACE_MS = 1500; // after the node reports "running", wait this long for the answer to a held offer
 const NOT_RUNNING_RETRY_MS = 500; // "not_running" although the broker says running: retry soon
+const NO_UDP_PORT_RETRY_MS = 3000; // "no_udp_port": every media port of the node is taken; a session must end first
 
 function iceGatheringComplete(pc, timeoutMs) {
   if (pc.iceGatheringState === "complete") return Promise.resolve();
@@ -218,6 +219,10 @@ export class PeerLink {
           break;
         }
         this.o.on.signalError(msg);
+        if (msg.code === SignalError.NO_UDP_PORT && !this.answered) {
+          this.schedule(NO_UDP_PORT_RETRY_MS); // the node's port range is full: offer again in a while
+          break;
+        }
         if ((msg.code === SignalError.ICE_FAILED || msg.code === SignalError.DTLS_FAILED) && this.answered) {
           // the node dropped this connection (its detail says why): fail now rather than wait for our
           // own ICE consent checks to notice, so the owner reconnects with a new peer connection

@@ -91,7 +91,8 @@ export const SignalError = Object.freeze({
   "NO_ENCODER": "no_encoder",
   "BAD_CANDIDATE": "bad_candidate",
   "ICE_FAILED": "ice_failed",
-  "DTLS_FAILED": "dtls_failed"
+  "DTLS_FAILED": "dtls_failed",
+  "NO_UDP_PORT": "no_udp_port"
 });
 
 // ---- data channel (viewer <-> node) ----------------------------------------------------

@@ -142,6 +142,7 @@ from streamer.desktop.inputs import ProbeAck, parse_input
 from streamer.desktop.inputsink import InputRouter
 from streamer.media.probe import LOOP_TICK_MS, PROBE_INTERVAL_MS, LoopLateness, ProbeSample, ProbeTracker
 from streamer.media.rtx import RetransmitCounters, RetransmitLimiter
+from streamer.media.udpports import NoFreePort, PortRange, gather_in_range
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +231,7 @@ class AdvertisingConnection(Connection):
     """
 
     advertise_addresses: tuple[str, ...] = ()
+    udp_ports: PortRange | None = None  # host candidates bind within this range (streamer.media.udpports)
 
     async def get_component_candidates(
         self,
@@ -237,10 +239,14 @@ class AdvertisingConnection(Connection):
         addresses: list[str],
         timeout: int = 5,  # noqa: ASYNC109  # aioice's signature
     ) -> list[Candidate]:
-        """aioice's own gathering, on ``advertise_addresses`` instead of the interface list."""
-        return await super().get_component_candidates(
-            component=component, addresses=list(self.advertise_addresses), timeout=timeout
-        )
+        """aioice's own gathering, on ``advertise_addresses`` (else the interface list aioice passes) and,
+        with ``udp_ports``, on ports of that range."""
+        wanted = list(self.advertise_addresses) or addresses
+        if self.udp_ports is None:
+            return await super().get_component_candidates(component=component, addresses=wanted, timeout=timeout)
+        gather_relay = super().get_component_candidates
+        return await gather_in_range(self, component, wanted, self.udp_ports, timeout,
+                                     lambda: gather_relay(component=component, addresses=[], timeout=timeout))
 
 
 def _ice_gatherers(pc: RTCPeerConnection) -> list[RTCIceGatherer]:
@@ -254,7 +260,8 @@ def _ice_gatherers(pc: RTCPeerConnection) -> list[RTCIceGatherer]:
     return list(gatherers.values())
 
 
-def advertise_host_addresses(pc: RTCPeerConnection, addresses: Sequence[str]) -> int:
+def advertise_host_addresses(pc: RTCPeerConnection, addresses: Sequence[str],
+                             udp_ports: PortRange | None = None) -> int:
     """Make ``pc`` offer host candidates on exactly ``addresses`` (e.g. ``("127.0.0.1",)``).
 
     Why: aioice skips 127.0.0.1 when gathering, so on a loopback-only host
@@ -262,11 +269,12 @@ def advertise_host_addresses(pc: RTCPeerConnection, addresses: Sequence[str]) ->
     one address of a multi-homed node.  Call it after the transceivers (and
     data channel) exist and before ``setLocalDescription`` (which gathers);
     for an answerer, after ``setRemoteDescription`` (which creates and
-    bundles transports).  An empty ``addresses`` leaves aioice's default.
-    Returns the number of ICE gatherers adjusted.  Raises ``RuntimeError``
+    bundles transports).  An empty ``addresses`` leaves aioice's interface list.
+    ``udp_ports``: host candidates bind within that range (a firewall's, a hostPort range).
+    Returns the number of ICE gatherers adjusted (0: aioice's default gathering).  Raises ``RuntimeError``
     if a gatherer has already gathered.
     """
-    if not addresses:
+    if not addresses and udp_ports is None:
         return 0
     wanted = tuple(dict.fromkeys(addresses))
     gatherers = _ice_gatherers(pc)
@@ -278,6 +286,7 @@ def advertise_host_addresses(pc: RTCPeerConnection, addresses: Sequence[str]) ->
             raise TypeError(f"unexpected ICE connection type {type(connection).__name__}")
         connection.__class__ = AdvertisingConnection
         cast(AdvertisingConnection, connection).advertise_addresses = wanted
+        cast(AdvertisingConnection, connection).udp_ports = udp_ports
     return len(gatherers)
 
 
@@ -784,6 +793,7 @@ class PeerSettings:
 
     ice_servers: tuple[Mapping[str, Any], ...] = ()
     advertise_addresses: tuple[str, ...] = ()
+    udp_ports: PortRange | None = None  # host candidates on ports of this range; None: any port
     # send the playout-delay extension (starting at min = max = 0) to viewers whose offer has it (Chromium's does)
     playout_delay: bool = True
 
@@ -870,10 +880,14 @@ class ViewerPeer:
             await self.add_candidate(msg, early=True)
         if self._settings.playout_delay:
             self.playout_delay = enable_playout_delay(transceiver, offer_sdp, PlayoutDelay())
-        advertise_host_addresses(self.pc, self._settings.advertise_addresses)
+        advertise_host_addresses(self.pc, self._settings.advertise_addresses, self._settings.udp_ports)
         answer = await self.pc.createAnswer()
         answer_sdp = answer_dtls_passive(answer.sdp, offer_sdp)
-        await self.pc.setLocalDescription(RTCSessionDescription(sdp=answer_sdp, type="answer"))
+        try:
+            await self.pc.setLocalDescription(RTCSessionDescription(sdp=answer_sdp, type="answer"))
+        except NoFreePort as exc:  # gathering: every port of the node's udp_ports range is taken
+            raise OfferError("no_udp_port", f"{exc.strerror}: the node has no free port for this viewer's media; "
+                             "try again when a session ends") from exc
         answer_sdp = str(self.pc.localDescription.sdp)
         self.dtls_role = answered_dtls_role(answer_sdp)
         self.codec = answered_video_codec(answer_sdp)

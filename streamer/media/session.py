@@ -110,6 +110,7 @@ from streamer.media.peer import (
 )
 from streamer.media.probe import PROBE_INTERVAL_MS, RecvWindow, SendLog
 from streamer.media.track import EncodedVideoTrack, FramePipeline
+from streamer.media.udpports import PortRange
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +201,8 @@ class RuntimeConfig:
     # The account a session's programs (desktop WM and app, a game command, the session's PulseAudio) run as:
     # streamer.desktop.sessionuser.  None: the node's own.
     session_user: SessionUser | None = None
+    # ICE host candidates bind UDP ports of this range (a firewall's, a hostPort range); None: any port
+    udp_ports: PortRange | None = None
     # Why this node must not start session programs (a root session user the operator did not allow), or
     # None.  A desktop or game-command session then fails to start with this reason; the built-in game runs.
     app_refusal: str | None = None
@@ -743,7 +746,7 @@ class SessionRuntime:
         track = EncodedVideoTrack()
         peer = ViewerPeer(
             PeerSettings(ice_servers=self.spec.ice_servers, advertise_addresses=self.config.advertise_addresses,
-                         playout_delay=self.config.playout_delay),
+                         playout_delay=self.config.playout_delay, udp_ports=self.config.udp_ports),
             track,
             self._router,
             target_bps=self._profile.start_bps,

@@ -52,6 +52,7 @@ from streamer.desktop import sessionuser
 from streamer.desktop.audio import AUDIO_TMP_PREFIX
 from streamer.desktop.display import DISPLAY_TMP_PREFIX
 from streamer.media.session import RuntimeConfig, SessionRefused, SessionRuntime, SessionSpec
+from streamer.media.udpports import PortRange
 from streamer.node.gpus import GpuInfo, GpuTelemetry
 from streamer.node.health import NodeHealth
 from streamer.node.inventory import take_inventory
@@ -116,6 +117,7 @@ class NodeAgent:
             audio=settings.audio,
             game_beacon_ms=settings.game_beacon_ms,
             session_user=self.session_user,
+            udp_ports=PortRange.parse(settings.udp_ports),
             app_refusal=sessionuser.refusal(self.session_user, os.geteuid(), settings.allow_root_sessions),
         )
         self._commands: aiohttp.ClientWebSocketResponse | None = None  # the open command socket, if any

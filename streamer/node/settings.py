@@ -34,6 +34,9 @@ class NodeSettings:
     pool: str = opt("desktop", "Pool this node serves")
     address: str = opt("", "host:port shown to admins; empty = hostname")
     advertise_addresses: list[str] = opt([], "IP addresses offered as ICE host candidates (e.g. 127.0.0.1)")
+    udp_ports: str = opt("", "UDP port range FIRST-LAST (e.g. 40000-40099) that viewers' media uses (ICE host "
+                             "candidates), for a firewall rule or a Kubernetes hostPort range; one port per "
+                             "viewer; empty = any port")
     seats: int = opt(2, "Software-encode seat budget: the seats of a host without NVML GPUs, shared among "
                           "the GPUs whose NVENC probe fails (they render on the GPU, encode on the CPU)")
     heartbeat_interval_s: float = opt(5.0, "Seconds between heartbeats (keep under a third of the lease)")
