@@ -20,6 +20,8 @@ from broker.validate import Field, validate
 
 NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")  # pool/host ids: DNS-label-like
 USER_RE: Final = re.compile(r"^[A-Za-z0-9._@+-]{1,128}$")
+# A node version (an image tag, a package version, a build id): printable ASCII, no blanks at either end
+VERSION_RE: Final = re.compile(r"^(?:[\x21-\x7e](?:[\x20-\x7e]{0,62}[\x21-\x7e])?)?$")
 
 MAX_WIDTH_PX: Final = 7680  # 8K UHD
 MAX_HEIGHT_PX: Final = 4320
@@ -28,6 +30,14 @@ DAY_S: Final = 86_400
 CODECS: Final = ("auto", "h264", "vp8", "hevc", "av1")
 ENCODE_MODES: Final = ("nvenc", "software")  # how a registered GPU encodes
 THROTTLE_REASON_MAX_LEN: Final = 32  # short names such as "hw_thermal" (streamer/node/gpus.py)
+
+
+def check_version(value: str, field: str) -> str:
+    """Versions are compared and shown as given: printable ASCII, at most 64 characters, no outer blanks."""
+    if not VERSION_RE.match(value):
+        raise ValidationError(f"{field}: must be printable ASCII without blanks at either end, at most 64 "
+                              "characters", field=field)
+    return value
 
 
 def check_name(value: str, field: str) -> str:
@@ -231,6 +241,7 @@ def parse_host(body: Any) -> tuple[dict[str, Any], list[Gpu]]:
     data = validate(body, HOST_SCHEMA)
     check_name(data["id"], "id")
     check_name(data["pool"], "pool")
+    check_version(data["version"], "version")
     for i, g in enumerate(data["gpus"]):
         if g["encode"] is None:  # nodes from before "encode" existed
             g["encode"] = "nvenc" if g["nvenc"] else "software"

@@ -90,6 +90,25 @@ DOCS: dict[tuple[str, str], tuple[str, str, Schema | None]] = {
     ("GET", "/metrics"): ("Prometheus metrics", "none", None),
 }
 
+JSON_OK: dict[str, Any] = {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}
+CREATED: dict[str, Any] = {"description": "Created", "content": {"application/json": {"schema": {"type": "object"}}}}
+NO_CONTENT: dict[str, Any] = {"description": "Done (no body)"}
+# Success responses where they are not "200 with a JSON object"
+SUCCESS: dict[tuple[str, str], dict[str, Any]] = {
+    **{k: {"201": CREATED} for k in (("POST", f"{A}/tokens"), ("POST", f"{A}/guest"), ("POST", f"{A}/hosts"))},
+    **{k: {"200": JSON_OK, "201": CREATED} for k in (
+        ("PUT", f"{A}/pools/{{name}}"), ("POST", f"{A}/sessions"), ("PUT", f"{A}/pools/{{name}}/plan"),
+        ("PUT", f"{A}/pools/{{name}}/rollout"))},
+    **{k: {"204": NO_CONTENT} for k in (("DELETE", f"{A}/pools/{{name}}"), ("DELETE", f"{A}/pools/{{name}}/plan"),
+                                        ("DELETE", f"{A}/pools/{{name}}/rollout"))},
+    ("GET", f"{A}/sessions/{{sid}}/events"): {"200": {"description": "An event stream", "content": {
+        "text/event-stream": {"schema": {"type": "string"}}}}},
+    **{k: {"101": {"description": "Switching to a WebSocket"}} for k in (
+        ("GET", f"{A}/sessions/{{sid}}/signal"), ("GET", f"{A}/hosts/{{id}}/commands"))},
+    ("GET", "/metrics"): {"200": {"description": "Prometheus text exposition", "content": {
+        "text/plain": {"schema": {"type": "string"}}}}},
+}
+
 PROBLEM = {"type": "object", "properties": {
     "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
     "code": {"type": "string"}, "detail": {"type": "string"}, "field": {"type": "string"}}}
@@ -107,7 +126,8 @@ def openapi_document(router: web.UrlDispatcher) -> dict[str, Any]:
         op: dict[str, Any] = {
             "summary": summary, "description": f"Authorization: {roles}",
             "responses": {"default": {"description": "Problem", "content": {
-                "application/problem+json": {"schema": PROBLEM}}}, "200": {"description": "OK"}},
+                "application/problem+json": {"schema": PROBLEM}}},
+                          **SUCCESS.get((route.method, path), {"200": JSON_OK})},
         }
         params = [p.strip("{}") for p in path.split("/") if p.startswith("{")]
         if params:

@@ -37,6 +37,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from broker.errors import ValidationError
+from broker.models import check_version
 from broker.validate import Field, validate
 
 END_START_FAILED: Final = "start_failed"  # broker.protocol.EndReason.START_FAILED
@@ -108,10 +109,9 @@ class RolloutPolicy:
     def from_body(cls, body: Any) -> RolloutPolicy:
         """Validate an admin's body (422 naming the field); the version must be a non-blank string."""
         data = validate(body, POLICY_SCHEMA)
-        version = data["candidate_version"]
-        if not version.strip() or version != version.strip():
-            raise ValidationError("candidate_version: must be a version string without surrounding blanks",
-                                  field="candidate_version")
+        if not data["candidate_version"]:
+            raise ValidationError("candidate_version: must not be empty", field="candidate_version")
+        check_version(data["candidate_version"], "candidate_version")
         for k in ("max_start_failure_pct", "max_crash_pct", "max_freezes_per_min",
                   "max_encoder_errors_per_min", "max_first_frame_ratio"):
             data[k] = float(data[k])
