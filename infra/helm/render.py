@@ -57,7 +57,7 @@ def merge_values(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[s
 def go_str(v: Any) -> str:
     """How text/template prints a value."""
     if v is None:
-        return "<no value>"  # what Go prints for a missing map key
+        return ""  # Go prints "<no value>" for a missing key; Helm's engine replaces that with ""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float) and v.is_integer():
@@ -299,9 +299,10 @@ class Renderer:
 
     def lookup(self, base: Any, path: list[str], src: str) -> Any:
         v = base
-        for part in path:
+        for i, part in enumerate(path):
             if v is None:
-                return None  # Go: a field of a missing key is <no value>; Helm templates rely on it with default
+                # Go: a missing last key is "no value", but a field of a missing key is an error
+                raise TemplateError(f"nil pointer evaluating .{'.'.join(path[:i])}.{part} in {{{{ {src} }}}}")
             if not isinstance(v, Mapping):
                 raise TemplateError(f"cannot take .{part} of a {type(v).__name__} in {{{{ {src} }}}}")
             v = v.get(part)

@@ -43,8 +43,8 @@ BASE = {"secrets": SECRETS,
         "nodePools": [{"name": "desktop", "replicas": 2, "gpus": 1, "shutdownGraceS": 300, "nodeSelector": {},
                        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                        "resources": {"requests": {"cpu": "4"}, "limits": {"memory": "16Gi"}}, "env": {}},
-                      {"name": "game", "replicas": 0, "gpus": 2, "shutdownGraceS": 60, "nodeSelector": {},
-                       "tolerations": [], "resources": {}, "env": {"NODE_SEATS": "4"}}]}
+                      {"name": "game", "replicas": 0, "gpus": 2, "shutdownGraceS": 60,  # no optional keys
+                       "env": {"NODE_SEATS": "4"}}]}
 VARIANTS: dict[str, dict[str, Any]] = {
     "deployment": {},
     "statefulset": {"nodeKind": "StatefulSet"},
@@ -258,6 +258,9 @@ def test_renderer_follows_go_template_semantics_for_the_subset() -> None:
     assert tpl('{{ include "h" . }}', {}, '{{- define "h" -}}<{{ .Release.Name }}>{{- end }}') == "<r>"
     assert tpl("{{ with .Values.w }}{{ .a }}{{ end }}|{{ default \"d\" .Values.none }}", {"w": {"a": 1}}) == "1|d"
     assert tpl("{{ $x := 3 }}{{ $x }}{{/* gone */}}") == "3"
+    assert tpl("[{{ .Values.missing }}]") == "[]"  # Helm prints a missing value as nothing
+    with pytest.raises(render.TemplateError, match="nil pointer"):
+        tpl("{{ .Values.missing.field }}")  # as Go does
 
 
 @pytest.mark.parametrize("src", ['{{ template "x" . }}', "{{ tpl .Values.a . }}", "{{ .Values.a | sha256sum }}",

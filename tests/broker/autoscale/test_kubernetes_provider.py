@@ -232,10 +232,13 @@ async def test_list_hosts_and_pending_read_the_pods_by_the_scale_selector(k8s) -
     fake.replicas[("deployments", "render-node-p1")] = 3
     fake.add_pod("render-node-p1-7d9f8-aaaaa")
     fake.add_pod("render-node-p1-7d9f8-bbbbb", ready=False, node=None, phase="Pending")
+    fake.add_pod("render-node-p1-7d9f8-going")  # terminating: parsed from its deletionTimestamp
+    fake.pods["render-node-p1-7d9f8-going"]["metadata"].update(deletionTimestamp="2026-12-01T09:00:00Z",
+                                                                deletionGracePeriodSeconds=335)
     fake.add_pod("other-pool-pod")
     fake.pods["other-pool-pod"]["metadata"]["labels"] = {"app": "render-node", "pool": "p2"}
     assert await provider.list_hosts("p1") == ["render-node-p1-7d9f8-aaaaa", "render-node-p1-7d9f8-bbbbb"]
-    assert await provider.pending("p1") == 1  # 3 replicas, 2 pods
+    assert await provider.pending("p1") == 1  # 3 replicas, 2 live pods
     assert [(r.method, r.path, r.query) for r in fake.requests] == 2 * [
         ("GET", SCALE, {}), ("GET", PODS, {"labelSelector": "app=render-node,pool=p1"})]
 
