@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import re
 import shlex
+import ssl
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ROOT / "scripts" / "packages"
@@ -119,34 +119,49 @@ def test_non_root_healthcheck_and_tini(role: str) -> None:
         assert steps["CMD"] == '["render-broker", "serve"]' and env["BROKER_HOST"] == "0.0.0.0"
 
 
-async def test_healthcheck_script_probes_the_process_the_way_the_image_sets_it_up(unused_tcp_port_factory) -> None:
-    status = {"code": 200}
+async def run_healthcheck(role: str, env: dict[str, str]) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(sys.executable, str(DOCKER / "healthcheck.py"), role, env=env,
+                                                stderr=subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode is not None
+    return proc.returncode, err.decode()
 
-    async def probe(_request: web.Request) -> web.Response:
-        return web.Response(status=status["code"], text="x")
 
-    app = web.Application()
-    app.router.add_get("/readyz", probe)
-    app.router.add_get("/healthz", probe)
-    runner = web.AppRunner(app)
-    await runner.setup()
+async def test_broker_healthcheck_probes_a_real_brokers_readyz_over_tls(aiohttp_server, settings_factory, clock,
+                                                                       tmp_path: Path) -> None:
+    """The image's probe against a real broker app (real Redis + SQL) serving HTTPS, as BROKER_TLS_CERT makes it."""
+    from broker.app import create_app
+    from tests.tlsutil import make_ca
+
+    ca = make_ca(tmp_path)
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    ca.issue(cert, key)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    server = await aiohttp_server(create_app(settings_factory(), clock=clock), ssl=ctx)
+    env = {"BROKER_PORT": str(server.port), "BROKER_TLS_CERT": str(cert)}
+    assert await run_healthcheck("broker", env) == (0, "")
+    code, err = await run_healthcheck("broker", {"BROKER_PORT": str(server.port)})  # plain HTTP to a TLS port
+    assert code == 1 and f"http://127.0.0.1:{server.port}/readyz" in err
+
+
+async def test_node_healthcheck_probes_the_nodes_own_health_endpoint(unused_tcp_port_factory) -> None:
+    from streamer.node.health import NodeHealth
+    from streamer.node.watchdog import Limits
+
+    health = NodeHealth(Limits())
     port = unused_tcp_port_factory()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-
-    async def check(role: str, env: dict[str, str]) -> tuple[int, str]:
-        proc = await asyncio.create_subprocess_exec(sys.executable, str(DOCKER / "healthcheck.py"), role,
-                                                    env=env, stderr=subprocess.PIPE)
-        _, err = await asyncio.wait_for(proc.communicate(), 30)
-        assert proc.returncode is not None
-        return proc.returncode, err.decode()
-
+    runner = await health.serve("127.0.0.1", port)
+    env = {"NODE_HEALTH_PORT": str(port)}
     try:
-        assert (await check("broker", {"BROKER_PORT": str(port)}))[0] == 0
-        assert (await check("node", {"NODE_HEALTH_PORT": str(port)}))[0] == 0
-        status["code"] = 503  # /readyz: Redis or SQL unreachable
-        code, err = await check("broker", {"BROKER_PORT": str(port)})
-        assert code == 1 and f"127.0.0.1:{port}/readyz" in err and "503" in err
+        code, err = await run_healthcheck("node", env)  # not registered yet: 503
+        assert code == 1 and f"127.0.0.1:{port}/healthz" in err and "503" in err
+        health.registered = True
+        health.beat(True)
+        assert await run_healthcheck("node", env) == (0, "")
+        health.beat(False)  # heartbeats stopped reaching the broker
+        assert (await run_healthcheck("node", env))[0] == 1
     finally:
         await runner.cleanup()
-    code, err = await check("node", {"NODE_HEALTH_PORT": str(port)})  # nothing listens now
+    code, err = await run_healthcheck("node", env)  # nothing listens now
     assert code == 1 and "refused" in err.lower()
