@@ -20,6 +20,7 @@ import pytest
 from broker.settings import BrokerSettings
 from rbcommon.settings import load as load_settings
 from streamer.node.settings import load as load_node_settings
+from tests.infra.coturn import coturn_accepts, needs_turnserver
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is not installed")
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,6 +107,11 @@ def test_turn_secret_and_port_are_shared_by_broker_and_coturn(services: dict[str
     assert {f"{port}:{port}/udp", f"{port}:{port}/tcp"} <= set(services["coturn"]["ports"])
     lo, hi = (next(a.split("=")[1] for a in cmd if a.startswith(f"--{k}-port=")) for k in ("min", "max"))
     assert f"{lo}-{hi}:{lo}-{hi}/udp" in services["coturn"]["ports"]
+
+
+@needs_turnserver
+async def test_coturn_accepts_the_compose_arguments(services: dict[str, Any], unused_tcp_port_factory) -> None:
+    await coturn_accepts(services["coturn"]["command"], unused_tcp_port_factory())
 
 
 @pytest.mark.parametrize("name", ["node", "node-gpu"])

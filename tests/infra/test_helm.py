@@ -24,6 +24,7 @@ from broker.autoscale.providers import KUBERNETES_RBAC, workload_name
 from broker.settings import BrokerSettings
 from rbcommon.settings import load as load_settings
 from streamer.node.settings import load as load_node_settings
+from tests.infra.coturn import coturn_accepts, needs_turnserver
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is not installed")
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="the test extra is not installed")
@@ -212,8 +213,19 @@ def test_turn_server_shares_the_brokers_secret_and_port() -> None:
     assert ref == {"name": "rb-secrets", "key": "BROKER_TURN_SECRET"}
     svc = one(docs, "Service", "rb-turn")
     assert {(p["port"], p["protocol"]) for p in svc["spec"]["ports"]} == {(3478, "UDP"), (3478, "TCP")}
-    assert "--listening-port=3478" in c["args"]
+    assert "--listening-port=3478" in c["args"] and "--no-tcp-relay" in c["args"]
+    extra = render.merge_values(BASE, {"turn": {"extraArgs": ["--denied-peer-ip=10.96.0.0-10.111.255.255"]}})
+    [turn2] = [d for _n, d in render.render_chart(CHART, extra, release="rb", namespace="gpu")
+               if d["kind"] == "Deployment" and d["metadata"]["name"] == "rb-turn"]
+    assert turn2["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "--denied-peer-ip=10.96.0.0-10.111.255.255"
     assert svc["spec"]["selector"].items() <= turn["spec"]["template"]["metadata"]["labels"].items()
+
+
+@needs_turnserver
+async def test_coturn_accepts_the_charts_arguments(unused_tcp_port_factory) -> None:
+    [c] = one(rendered(), "Deployment", "rb-turn")["spec"]["template"]["spec"]["containers"]
+    args = [a.replace("$(TURN_SECRET)", "turn") for a in c["args"]]  # what the kubelet expands
+    await coturn_accepts(args, unused_tcp_port_factory())
 
 
 def test_service_monitor_scrapes_the_admin_listener() -> None:
