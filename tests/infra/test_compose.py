@@ -7,15 +7,18 @@ checked against the settings the processes load; nothing is started (no Docker e
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import subprocess
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import redis
 
 from broker.settings import BrokerSettings
 from rbcommon.settings import load as load_settings
@@ -107,6 +110,42 @@ def test_turn_secret_and_port_are_shared_by_broker_and_coturn(services: dict[str
     assert {f"{port}:{port}/udp", f"{port}:{port}/tcp"} <= set(services["coturn"]["ports"])
     lo, hi = (next(a.split("=")[1] for a in cmd if a.startswith(f"--{k}-port=")) for k in ("min", "max"))
     assert f"{lo}-{hi}:{lo}-{hi}/udp" in services["coturn"]["ports"]
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="the system redis-server is not installed")
+def test_the_sentinel_command_monitors_the_master_under_the_brokers_name(services: dict[str, Any],
+                                                                        tmp_path: Path) -> None:
+    """Run the compose sentinel's own shell command (addresses moved to loopback ports) on a real master."""
+    from broker.embedded import free_port
+
+    m, s_port = free_port(), free_port()
+    cmd = services["sentinel-1"]["command"]
+    assert cmd[:2] == ["sh", "-c"]
+    script = (cmd[2].replace("redis-master 6379", f"127.0.0.1 {m}")
+              .replace("'port 26379'", f"'port {s_port}' 'bind 127.0.0.1' 'dir {tmp_path}'")
+              .replace("/tmp/sentinel.conf", str(tmp_path / "sentinel.conf"))
+              .replace("exec redis-sentinel " + str(tmp_path / "sentinel.conf"),
+                       f"exec redis-server {tmp_path / 'sentinel.conf'} --sentinel"))
+    broker_s, _ = load_settings(BrokerSettings, [], env(services["broker-1"]), "BROKER_")
+    procs = [subprocess.Popen(["redis-server", "--port", str(m), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL),
+             subprocess.Popen(["sh", "-c", script], stdout=subprocess.DEVNULL)]
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with contextlib.suppress(redis.RedisError):
+                addr = redis.Redis(port=s_port, socket_timeout=1).execute_command(
+                    "SENTINEL", "get-master-addr-by-name", broker_s.redis_sentinel_master)
+                if addr:
+                    break
+            assert all(p.poll() is None for p in procs), "redis or the sentinel exited"
+            assert time.monotonic() < deadline, "the sentinel never answered"
+            time.sleep(0.1)
+        assert [a.decode() for a in addr] == ["127.0.0.1", str(m)]
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
 
 
 @needs_turnserver
