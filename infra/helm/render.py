@@ -13,7 +13,8 @@ Supported (Go text/template + the Sprig/Helm functions listed in FUNCS):
   ``with X``, ``define "name"`` (in ``_*.tpl``) and ``include "name" ctx``;
 - operands: ``.`` and ``.A.b`` (the current context), ``$`` and ``$x.a`` (variables), ``"strings"``,
   integers, ``true``/``false``, parenthesised pipelines; pipes ``x | f a`` pass ``x`` as the last argument.
-Values merge like ``helm -f``: maps deep-merge, anything else is replaced.
+Values merge like ``helm -f``: maps deep-merge, anything else is replaced; like helm, the merged values
+must satisfy the chart's ``values.schema.json`` (JSON Schema draft 7, checked with ``jsonschema``).
 
     python infra/helm/render.py infra/helm/render-broker [--values FILE]... [--release NAME] [--namespace NS]
 """
@@ -404,12 +405,29 @@ class Renderer:
 # --- the chart -----------------------------------------------------------------------------------------
 
 
+def check_schema(chart: Path, values: Mapping[str, Any]) -> None:
+    """Like helm: the merged values must satisfy the chart's values.schema.json, when it has one."""
+    path = chart / "values.schema.json"
+    if not path.exists():
+        return
+    try:
+        import jsonschema
+    except ImportError as exc:  # (kubernetes-validate, in the test extra, brings it)
+        raise TemplateError("values.schema.json needs the jsonschema package") from exc
+    errors = sorted(jsonschema.Draft7Validator(json.loads(path.read_text())).iter_errors(values),
+                    key=lambda e: list(e.absolute_path))
+    if errors:
+        raise TemplateError("values don't meet values.schema.json: " + "; ".join(
+            f"{'.'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}" for e in errors))
+
+
 def render_chart(chart: Path | str, values: Mapping[str, Any] | None = None, *, release: str = "rb",
                  namespace: str = "default") -> list[tuple[str, dict[str, Any]]]:
     """(template file name, object) for every non-empty YAML document the chart renders."""
     chart = Path(chart)
     meta = yaml.safe_load((chart / "Chart.yaml").read_text())
     vals = merge_values(yaml.safe_load((chart / "values.yaml").read_text()) or {}, values or {})
+    check_schema(chart, vals)
     ctx = {"Values": vals, "Release": {"Name": release, "Namespace": namespace, "Service": "Helm"},
            "Chart": {"Name": meta["name"], "Version": meta["version"], "AppVersion": meta.get("appVersion", "")}}
     defines: dict[str, list[Any]] = {}

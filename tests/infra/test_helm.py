@@ -11,6 +11,7 @@ compares its ``helm template`` output with ours.  No cluster is involved.
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -99,6 +100,18 @@ def test_the_schema_check_would_catch_a_mistake() -> None:
     broker["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGet"]["paht"] = "/healthz"
     with pytest.raises(kubernetes_validate.ValidationError, match="paht"):
         kubernetes_validate.validate(broker, K8S_VERSIONS[0], strict=True)
+
+
+@pytest.mark.parametrize(("bad", "where"), [
+    ({"nodeKind": "DaemonSet"}, "nodeKind"),
+    ({"nodePools": [{"name": "Bad_Pool", "replicas": 1, "gpus": 1, "shutdownGraceS": 60}]}, "nodePools.0.name"),
+    ({"nodePools": [{"name": "p", "replicas": 1, "gpus": 1, "shutdownGraceS": 60, "gpu": 2}]}, "nodePools.0"),
+    ({"broker": {"env": {"NODE_SEATS": "2"}}}, "broker.env"),
+    ({"broker": {"redisSentinels": ["s0"]}}, "broker.redisSentinels.0"),
+])
+def test_values_schema_refuses_bad_values_naming_the_field(bad: dict[str, Any], where: str) -> None:
+    with pytest.raises(render.TemplateError, match=rf"values.schema.json: {re.escape(where)}: "):
+        render.render_chart(CHART, render.merge_values(BASE, bad))
 
 
 def test_default_values_refuse_to_render_without_secrets() -> None:
