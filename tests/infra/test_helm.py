@@ -137,6 +137,8 @@ def test_role_grants_exactly_what_the_kubernetes_provider_calls(variant: str) ->
     assert sorted(scale_rule["resourceNames"]) == workloads == ["rb-node-desktop", "rb-node-game"]
     binding = one(docs, "RoleBinding", "rb-broker")
     broker = one(docs, "Deployment", "rb-broker")
+    pdb = one(docs, "PodDisruptionBudget", "rb-broker")
+    assert pdb["spec"]["selector"]["matchLabels"] == broker["spec"]["selector"]["matchLabels"]
     assert binding["roleRef"]["name"] == "rb-broker"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": broker["spec"]["template"]["spec"][
         "serviceAccountName"], "namespace": "gpu"}]
