@@ -16,6 +16,12 @@ three ways of running render nodes:
   body it sends is built by a pure function below (`scale_patch`, `deletion_cost_patch`,
   `deployment_stop_blocker`, `statefulset_stop_blocker`, `pending_pods`), unit-tested without a
   cluster.  The client library (``kubernetes_asyncio``) is imported lazily, so it is optional.
+  The only requests it makes (so the only RBAC it needs, see infra/helm's Role): get and patch
+  ``{deployments,statefulsets}/scale`` (the scale's ``status.selector`` names the pods), list pods,
+  patch a pod (its deletion-cost annotation); patches are JSON merge patches.  An API error becomes
+  a `ProviderError` naming the request, the status and the API server's message.
+  tests/broker/autoscale/test_kubernetes_provider.py runs it against an HTTP stand-in for those
+  endpoints; it has not run against a real cluster.
 
   Limits, stated honestly.  Kubernetes gives no API to "remove this pod and shrink by one":
     * StatefulSets always scale down by the highest ordinal and ignore
@@ -47,6 +53,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import subprocess
@@ -69,6 +76,15 @@ PLACEHOLDERS: Final = ("python", "broker_url", "node_token", "pool", "host_id")
 POD_DELETION_COST: Final = "controller.kubernetes.io/pod-deletion-cost"
 LOWEST_DELETION_COST: Final = -(2**31)  # the annotation is an int32; lower is deleted first
 HOST_ID_MAX: Final = 63  # broker.models.NAME_RE
+# The request bodies built below are RFC 7386 JSON merge patches (null deletes a key), so they are sent as such: left
+# to itself, kubernetes_asyncio labels a dict body strategic-merge-patch.
+MERGE_PATCH: Final = "application/merge-patch+json"
+# (verb, API group, resource) of every request KubernetesProvider makes: exactly the RBAC it needs.
+# infra/helm's Role grants these and nothing else (tests/infra/test_helm.py); the stand-in test checks
+# the provider makes no other request.
+KUBERNETES_RBAC: Final = (("get", "apps", "deployments/scale"), ("patch", "apps", "deployments/scale"),
+                          ("get", "apps", "statefulsets/scale"), ("patch", "apps", "statefulsets/scale"),
+                          ("list", "", "pods"), ("patch", "", "pods"))
 
 
 class ProviderError(Exception):
@@ -260,6 +276,18 @@ class PodInfo:
                    deletion_cost=cost)
 
 
+def status_message(body: object) -> str:
+    """The ``message`` of a Kubernetes ``Status`` error body (JSON), or the body itself, shortened."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return text[:300] or "no response body"
+    if isinstance(doc, dict) and isinstance(doc.get("message"), str):
+        return str(doc["message"])
+    return text[:300]
+
+
 def workload_name(template: str, pool: str) -> str:
     return template.replace("{pool}", pool)
 
@@ -349,12 +377,15 @@ class KubernetesProvider(HostProvider):
     name = "kubernetes"
 
     def __init__(self, namespace: str = "default", workload: str = "render-node-{pool}",
-                 kind: str = "deployment") -> None:
+                 kind: str = "deployment", *, configuration: Any = None) -> None:
+        """``configuration``: a ``kubernetes_asyncio.client.Configuration`` to use as is (tests point it at
+        a stand-in API server); None loads the in-cluster service account, else the kubeconfig."""
         if kind not in WORKLOAD_KINDS:
             raise ValueError(f"kubernetes_workload_kind must be one of {', '.join(WORKLOAD_KINDS)}")
         self.namespace = namespace
         self.workload = workload
         self.kind = kind
+        self.configuration = configuration
         self._api: Any = None
         self._apps: Any = None
         self._core: Any = None
@@ -367,39 +398,61 @@ class KubernetesProvider(HostProvider):
         except ImportError as exc:
             raise ProviderError("the kubernetes provider needs the kubernetes_asyncio package "
                                 "(pip install kubernetes-asyncio)") from exc
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            await config.load_kube_config()
-        self._api = client.ApiClient()
+        if self.configuration is None:
+            loader: Any = config  # untyped package (typed Any here whether or not it is installed)
+            try:
+                loader.load_incluster_config()
+            except config.ConfigException:
+                try:
+                    await loader.load_kube_config()
+                except (config.ConfigException, OSError) as exc:
+                    raise ProviderError(f"no Kubernetes credentials: not in a pod (no service account) and "
+                                        f"no usable kubeconfig ({exc})") from exc
+        self._api = client.ApiClient(self.configuration)
         self._apps = client.AppsV1Api(self._api)
         self._core = client.CoreV1Api(self._api)
+
+    async def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One API request; an HTTP error becomes a ProviderError naming the request, status and the
+        API server's own message (its Status body), e.g. a 409 Conflict on a stale resourceVersion."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            return await fn(*args, **kwargs)
+        except ApiException as exc:
+            raise ProviderError(f"kubernetes API: {what}: {exc.status} {exc.reason}: "
+                                f"{status_message(exc.body)}") from exc
 
     def _json(self, obj: Any) -> dict[str, Any]:
         data: dict[str, Any] = self._api.sanitize_for_serialization(obj)
         return data
 
-    async def _workload(self, pool: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
-        """(name, workload JSON, scale JSON)."""
+    async def _scale(self, pool: str) -> tuple[str, dict[str, Any]]:
+        """(workload name, its scale subresource as JSON: spec.replicas, status.selector, resourceVersion)."""
         await self._connect()
         name = workload_name(self.workload, pool)
-        if self.kind == "deployment":
-            obj = await self._apps.read_namespaced_deployment(name, self.namespace)
-            scale = await self._apps.read_namespaced_deployment_scale(name, self.namespace)
-        else:
-            obj = await self._apps.read_namespaced_stateful_set(name, self.namespace)
-            scale = await self._apps.read_namespaced_stateful_set_scale(name, self.namespace)
-        return name, self._json(obj), self._json(scale)
+        fn = (self._apps.read_namespaced_deployment_scale if self.kind == "deployment"
+              else self._apps.read_namespaced_stateful_set_scale)
+        scale = await self._call(f"get {self.kind} {self.namespace}/{name}/scale", fn, name, self.namespace)
+        return name, self._json(scale)
 
     async def _patch_scale(self, name: str, body: dict[str, Any]) -> None:
-        if self.kind == "deployment":
-            await self._apps.patch_namespaced_deployment_scale(name, self.namespace, body)
-        else:
-            await self._apps.patch_namespaced_stateful_set_scale(name, self.namespace, body)
+        fn = (self._apps.patch_namespaced_deployment_scale if self.kind == "deployment"
+              else self._apps.patch_namespaced_stateful_set_scale)
+        await self._call(f"patch {self.kind} {self.namespace}/{name}/scale", fn, name, self.namespace, body,
+                         _content_type=MERGE_PATCH)
 
-    async def _pods(self, workload: Mapping[str, Any]) -> list[PodInfo]:
-        labels = ((workload.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
-        res = await self._core.list_namespaced_pod(self.namespace, label_selector=label_selector(labels))
+    async def _patch_pod(self, host_id: str, body: dict[str, Any]) -> None:
+        await self._call(f"patch pod {self.namespace}/{host_id}", self._core.patch_namespaced_pod,
+                         host_id, self.namespace, body, _content_type=MERGE_PATCH)
+
+    async def _pods(self, scale: Mapping[str, Any]) -> list[PodInfo]:
+        # the scale subresource carries the workload's selector in its string form ("app=x,pool=y")
+        selector = (scale.get("status") or {}).get("selector") or ""
+        if not selector:
+            raise ProviderError("the workload's scale has no status.selector: cannot tell its pods")
+        res = await self._call(f"list pods in {self.namespace}", self._core.list_namespaced_pod, self.namespace,
+                               label_selector=selector)
         return [PodInfo.from_dict(p) for p in self._json(res).get("items") or []]
 
     @staticmethod
@@ -407,7 +460,7 @@ class KubernetesProvider(HostProvider):
         return int((scale.get("spec") or {}).get("replicas") or 0)
 
     async def start_hosts(self, pool: str, n: int) -> list[str]:
-        name, _obj, scale = await self._workload(pool)
+        name, scale = await self._scale(pool)
         replicas = self._replicas(scale)
         rv = (scale.get("metadata") or {}).get("resourceVersion")
         await self._patch_scale(name, scale_patch(replicas + n, rv))
@@ -415,17 +468,17 @@ class KubernetesProvider(HostProvider):
         return statefulset_new_ids(name, replicas, n) if self.kind == "statefulset" else []
 
     async def can_stop(self, pool: str, host_id: str) -> bool:
-        name, obj, scale = await self._workload(pool)
+        name, scale = await self._scale(pool)
         if self.kind == "statefulset":
             why = statefulset_stop_blocker(name, self._replicas(scale), host_id)
         else:
-            why = deployment_stop_blocker(await self._pods(obj), host_id)
+            why = deployment_stop_blocker(await self._pods(scale), host_id)
         if why:
             log.info("not removing %s yet: %s", host_id, why)
         return why is None
 
     async def stop_host(self, pool: str, host_id: str) -> None:
-        name, obj, scale = await self._workload(pool)
+        name, scale = await self._scale(pool)
         replicas = self._replicas(scale)
         rv = (scale.get("metadata") or {}).get("resourceVersion")
         if self.kind == "statefulset":
@@ -433,26 +486,30 @@ class KubernetesProvider(HostProvider):
             if why:
                 raise ProviderError(why)
             await self._patch_scale(name, scale_patch(replicas - 1, rv))
+            log.info("scaled statefulset %s/%s from %d to %d replicas, removing %s", self.namespace, name,
+                     replicas, replicas - 1, host_id)
             return
-        why = deployment_stop_blocker(await self._pods(obj), host_id)
+        why = deployment_stop_blocker(await self._pods(scale), host_id)
         if why:
             raise ProviderError(why)
-        await self._core.patch_namespaced_pod(host_id, self.namespace, deletion_cost_patch(LOWEST_DELETION_COST))
+        await self._patch_pod(host_id, deletion_cost_patch(LOWEST_DELETION_COST))
         try:
             await self._patch_scale(name, scale_patch(replicas - 1, rv))
         except Exception:
             # the scale-down did not happen: do not leave a pod marked "delete me first"
             with contextlib.suppress(Exception):
-                await self._core.patch_namespaced_pod(host_id, self.namespace, deletion_cost_patch(None))
+                await self._patch_pod(host_id, deletion_cost_patch(None))
             raise
+        log.info("scaled deployment %s/%s from %d to %d replicas, removing %s", self.namespace, name, replicas,
+                 replicas - 1, host_id)
 
     async def list_hosts(self, pool: str) -> list[str]:
-        _name, obj, _scale = await self._workload(pool)
-        return sorted(p.name for p in await self._pods(obj) if not p.terminating)
+        _name, scale = await self._scale(pool)
+        return sorted(p.name for p in await self._pods(scale) if not p.terminating)
 
     async def pending(self, pool: str) -> int:
-        _name, obj, scale = await self._workload(pool)
-        return pending_pods(self._replicas(scale), await self._pods(obj))
+        _name, scale = await self._scale(pool)
+        return pending_pods(self._replicas(scale), await self._pods(scale))
 
     async def close(self) -> None:
         if self._api is not None:
