@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from broker.errors import ValidationError
 from broker.http.edge import Edge, TlsReloader, parse_listen, tls_context
@@ -47,6 +48,20 @@ class RedactTokens(logging.Filter):
         return True
 
 
+class QuietBadRequests(logging.Filter):
+    """A malformed HTTP request (a NUL in a header, a broken request line) is the client's error: aiohttp
+    answers 400 and logs it at ERROR with a traceback; keep one warning line naming what was wrong."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            detail = " ".join(str(exc).split())[:200]
+            record.msg, record.args, record.exc_info, record.exc_text = (
+                "bad HTTP request answered %s: %s", (exc.code, detail), None, None)
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 def serve(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="render-broker serve",
                                      description="Run the broker. Settings: CLI > env BROKER_* > TOML file > "
@@ -55,6 +70,7 @@ def serve(argv: Sequence[str]) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactTokens())
+    logging.getLogger("aiohttp.server").addFilter(QuietBadRequests())
     if settings.log_level.lower() != "debug":
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # heartbeats would flood the log
     settings, generated = _fill_secrets(settings)

@@ -34,7 +34,7 @@ THROTTLE_REASON_MAX_LEN: Final = 32  # short names such as "hw_thermal" (streame
 
 def check_version(value: str, field: str) -> str:
     """Versions are compared and shown as given: printable ASCII, at most 64 characters, no outer blanks."""
-    if not VERSION_RE.match(value):
+    if not VERSION_RE.fullmatch(value):
         raise ValidationError(f"{field}: must be printable ASCII without blanks at either end, at most 64 "
                               "characters", field=field)
     return value
@@ -42,7 +42,7 @@ def check_version(value: str, field: str) -> str:
 
 def check_name(value: str, field: str) -> str:
     """Pool and host names are lowercase DNS-label-like identifiers."""
-    if not NAME_RE.match(value):
+    if not NAME_RE.fullmatch(value):
         raise ValidationError(f"{field}: must match {NAME_RE.pattern}", field=field)
     return value
 
@@ -261,6 +261,6 @@ def parse_host(body: Any) -> tuple[dict[str, Any], list[Gpu]]:
 
 
 def parse_user(value: str) -> str:
-    if not USER_RE.match(value):
+    if not USER_RE.fullmatch(value):
         raise ValidationError(f"user: must match {USER_RE.pattern}", field="user")
     return value

@@ -152,10 +152,10 @@ class Broker:
         """
         data, gpus = parse_host(body)
         for i, c in enumerate(data["sessions"]):
-            if not SESSION_ID_RE.match(c["id"]):
+            if not SESSION_ID_RE.fullmatch(c["id"]):
                 raise ValidationError(f"sessions[{i}].id: must match {SESSION_ID_RE.pattern}",
                                       field=f"sessions[{i}].id")
-            if not USER_RE.match(c["user"]):
+            if not USER_RE.fullmatch(c["user"]):
                 raise ValidationError(f"sessions[{i}].user: must match {USER_RE.pattern}",
                                       field=f"sessions[{i}].user")
         if await self.live.get_pool(data["pool"]) is None:

@@ -140,7 +140,7 @@ async def path_params_middleware(request: web.Request, handler: Handler) -> web.
     """Refuse a malformed pool, host or session id in the URL path with a 422 naming the field."""
     for key, value in request.match_info.items():
         rule = PATH_RULES.get(key)
-        if rule is not None and not rule[0].match(value):
+        if rule is not None and not rule[0].fullmatch(value):
             raise ValidationError(f"{rule[1]}: {value[:80]!r} must match {rule[0].pattern}", field=rule[1])
     return await handler(request)
 
@@ -252,7 +252,7 @@ async def register_host(request: web.Request) -> web.Response:
         if who.host is not None and who.host != host_id:
             raise Forbidden(f"id: this node credential is bound to host {who.host!r}, not {host_id[:80]!r}",
                             field="id")
-        if who.host is None and not s.node_token_any_host and NAME_RE.match(host_id):
+        if who.host is None and not s.node_token_any_host and NAME_RE.fullmatch(host_id):
             live = await b.live.get_hosts([host_id])
             if live and live[0]["alive"]:
                 raise Conflict(f"id: host {host_id!r} is live (lease {live[0]['lease_ttl_ms']} ms left); "

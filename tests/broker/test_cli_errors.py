@@ -47,3 +47,21 @@ async def test_a_busy_port_is_one_line_and_exit_2(redis_url: str, prefix: str, t
     text = err.decode()
     assert "Traceback" not in text, text
     assert f"render-broker: cannot listen on 127.0.0.1:{port}" in text
+
+
+def test_a_malformed_http_request_is_one_warning_line_not_a_traceback() -> None:
+    from aiohttp.http_exceptions import BadHttpMessage
+
+    from broker.cli import QuietBadRequests
+
+    try:
+        raise BadHttpMessage("Invalid header value char:\n\n  b'X-Probe: \\x00'\n            ^")
+    except BadHttpMessage:
+        record = logging.LogRecord("aiohttp.server", logging.ERROR, __file__, 1, "Error handling request from %s",
+                                   ("127.0.0.1",), sys.exc_info())
+    assert QuietBadRequests().filter(record)
+    assert record.exc_info is None and record.levelno == logging.WARNING
+    assert record.getMessage().startswith("bad HTTP request answered 400: 400, message: Invalid header value char:")
+    assert "\n" not in record.getMessage()
+    other = logging.LogRecord("aiohttp.server", logging.ERROR, __file__, 1, "boom", None, None)
+    assert QuietBadRequests().filter(other) and other.levelno == logging.ERROR  # anything else is untouched

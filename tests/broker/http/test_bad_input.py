@@ -88,6 +88,9 @@ async def test_malformed_json_and_oversized_bodies(api) -> None:
     ({"id": "H 1", "pool": "p1", "address": "a:1", "gpus": [gpu()]}, "id"),
     ({"id": "h1", "pool": "ghost", "address": "a:1", "gpus": [gpu()]}, "pool"),
     ({"id": "h1", "pool": "p1", "gpus": [gpu()]}, "address"),
+    ({"id": "h1", "pool": "p1", "address": "a:1", "gpus": [gpu()], "version": "\u0095\u009a2.0"}, "version"),
+    ({"id": "h1", "pool": "p1", "address": "a:1", "gpus": [gpu()], "version": " 2.0"}, "version"),
+    ({"id": "h1", "pool": "p1", "address": "a:1", "gpus": [gpu()], "version": "2.0\n"}, "version"),
 ])
 async def test_bad_host_registrations(api, body, field) -> None:
     await setup_pool(api, "p1", hosts=0)
@@ -111,6 +114,8 @@ async def test_heartbeat_bad_values_and_unknown_host(api) -> None:
 async def test_token_minting_validation(api) -> None:
     r = await api.post("/api/v1/tokens", json={"user": "a b"}, headers=auth(ADMIN))
     assert_problem(r.status, await r.json(), 422, "user")
+    r = await api.post("/api/v1/tokens", json={"user": "bob\n"}, headers=auth(ADMIN))
+    assert_problem(r.status, await r.json(), 422, "user")
     r = await api.post("/api/v1/tokens", json={"user": "ok", "ttl_s": 1}, headers=auth(ADMIN))
     assert_problem(r.status, await r.json(), 422, "ttl_s")
     tok = await user_token(api, "bob")
@@ -133,6 +138,10 @@ async def test_unknown_route_is_a_json_problem(api) -> None:
     ("DELETE", "/api/v1/hosts/h0:sessions?force=true", "host"),
     ("GET", "/api/v1/sessions/abc:def", "session"),
     ("GET", "/api/v1/sessions/ZZZ", "session"),
+    # a trailing newline: a regex's "$" matches before it, so names are checked with fullmatch
+    ("PUT", "/api/v1/pools/kq%0A", "pool"),
+    ("GET", "/api/v1/hosts/h0%0A", "host"),
+    ("GET", "/api/v1/sessions/" + "a" * 32 + "%0A", "session"),
 ])
 async def test_key_syntax_in_a_path_never_reaches_redis(api, method, path, field) -> None:
     await setup_pool(api, "kq", hosts=1)
@@ -172,3 +181,13 @@ async def test_a_bad_signaling_frame_is_answered_and_the_socket_lives_on(api) ->
             reply = await ws.receive_json(timeout=5)
             assert reply["type"] == "error" and reply["code"] == "bad_signal", (frame[:20], reply)
         assert not ws.closed
+
+
+@pytest.mark.parametrize("version", ["", " 2.0", "2.0 ", "\u0095\u009a\ud984", "v\x002", "x" * 65])
+async def test_a_rollout_refuses_a_version_no_host_could_report(api, version) -> None:
+    """Versions are shown and compared as given: printable ASCII without outer blanks (schemathesis sent these)."""
+    await setup_pool(api, "p1", hosts=1)
+    before = await snapshot(api)
+    r = await api.put("/api/v1/pools/p1/rollout", json={"candidate_version": version}, headers=auth(ADMIN))
+    assert_problem(r.status, await r.json(), 422, "candidate_version")
+    assert await snapshot(api) == before
