@@ -55,7 +55,7 @@ from broker.protocol import (
     SignalType,
 )
 from rbclient import inputs
-from rbclient.api import Broker, SessionView
+from rbclient.api import ApiError, Broker, SessionView
 from rbclient.stamp import Stamp, read_frame
 from rbclient.stats import ViewerStats
 from rbcommon.ice import advertise_host_addresses
@@ -358,23 +358,30 @@ class Stream:
 
 async def start(broker: Broker, pool: str, *, width: int | None = None, height: int | None = None,
                 fps: int | None = None, codec: str | None = None,
-                on_update: Callable[[SessionView], None] | None = None, **stream_options: Any) -> Stream:
+                on_update: Callable[[SessionView], None] | None = None, end_on_failure: bool = False,
+                **stream_options: Any) -> Stream:
     """From a pool name to a connected stream: resume the user's live session there or create one,
     follow the queue (``on_update`` sees each state, with ``queue_position``), offer, connect.
 
     ``stream_options`` go to ``Stream`` (``codecs``, ``audio``, ``host_addresses``, ``read_stamps``).
-    On failure the session is left as it is (the caller decides whether to end it).
+    If waiting or connecting fails (or is cancelled), the session is ended when ``end_on_failure``
+    (else left to resume).
     """
     live = await broker.live_sessions(pool)
     view = live[0] if live else await broker.create_session(pool, width=width, height=height, fps=fps, codec=codec)
     if on_update is not None:
         on_update(view)
-    if view.get("state") not in ("starting", "running", "disconnected"):
-        view = await broker.wait_seated(str(view["id"]), on_update)
-    stream = Stream(broker, view, **stream_options)
+    stream: Stream | None = None
     try:
+        if view.get("state") not in ("starting", "running", "disconnected"):
+            view = await broker.wait_seated(str(view["id"]), on_update)
+        stream = Stream(broker, view, **stream_options)
         await stream.connect()
     except BaseException:
-        await stream.close()
+        if stream is not None:
+            await stream.close()
+        if end_on_failure:  # also on Ctrl-C while queued: no session left behind
+            with contextlib.suppress(ApiError, aiohttp.ClientError):
+                await broker.end_session(str(view["id"]))
         raise
     return stream
