@@ -63,15 +63,17 @@ def read_luma(luma: npt.NDArray[np.uint8]) -> Stamp | None:
     if luma.shape[0] < stamp_height(width):
         return None
     edges = np.round(np.arange(STAMP_COLUMNS + 1) * (width / STAMP_COLUMNS)).astype(np.int64)
+    quarter = (edges[1:] - edges[:-1]) // 4
+    lo, hi = edges[:-1] + quarter, edges[1:] - quarter  # each cell's central half, columns
     word = 0
     for row in range(STAMP_ROWS):
         y0, y1 = int(edges[row]), int(edges[row + 1])
         qy = (y1 - y0) // 4
-        band = luma[y0 + qy : y1 - qy]
-        for col in range(STAMP_COLUMNS):
-            x0, x1 = int(edges[col]), int(edges[col + 1])
-            qx = (x1 - x0) // 4
-            word = (word << 1) | int(band[:, x0 + qx : x1 - qx].mean() >= _WHITE_LUMA)
+        column_means = luma[y0 + qy : y1 - qy].mean(axis=0)
+        sums = np.concatenate(([0.0], np.cumsum(column_means)))
+        cells = (sums[hi] - sums[lo]) / np.maximum(hi - lo, 1)
+        for bit in cells >= _WHITE_LUMA:
+            word = (word << 1) | int(bit)
     return parse_word(word)
 
 

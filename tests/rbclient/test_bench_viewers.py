@@ -1,0 +1,38 @@
+"""Smoke test of bench/bench_viewers.py: two SDK viewers decoding from one real render node for a few seconds."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_viewers.py"
+SANITY_MS = 2000.0  # a loopback frame later than this means something is broken, not slow
+
+
+def _load_bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_viewers", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_viewers_two_viewers(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _load_bench()
+    rounds = bench.run(["--viewers", "2", "--seconds", "2", "--warmup-s", "0.5", "--size", "320x180"])
+    out = capsys.readouterr().out
+    assert [r.viewers for r in rounds] == [2] and len(rounds[0].results) == 2
+    for viewer in rounds[0].results:
+        s = viewer.summary
+        assert s.frames >= 10 and s.fps > 3, s  # 30 fps asked; a loaded CI machine may fall far short
+        assert s.render_to_decode_p50_ms is not None and 0 < s.render_to_decode_p50_ms < SANITY_MS, s
+        assert s.bitrate_bps > 0 and viewer.codec == "H264"
+    assert rounds[0].node_cpu_pct > 0  # the node's process group was found and measured
+    assert "2 viewer(s)" in out and "node CPU" in out and "summary" in out
