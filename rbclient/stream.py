@@ -106,6 +106,7 @@ class Stream:
     offer a recvonly Opus section (desktop sessions send sound); ``host_addresses``: offer host
     candidates on exactly these addresses (``("127.0.0.1",)`` on a loopback-only machine; empty =
     aioice's interface addresses); ``read_stamps``: read each frame's stamp (the built-in game).
+    Construct it inside a running event loop.
     """
 
     def __init__(self, broker: Broker, view: SessionView, *, codecs: Sequence[str] | None = None,
@@ -121,6 +122,7 @@ class Stream:
         self.errors: list[dict[str, Any]] = []  # signaling errors after the answer (ice_failed, dtls_failed)
         self.bye_reason: str | None = None  # set when the broker said ``bye`` (the session ended)
         self.latest: Frame | None = None
+        self.frames_decoded = 0  # every frame of this stream (``stats`` may be replaced to start a window)
         self.audio_frames = 0
         self.pc = RTCPeerConnection(ice_configuration(view))
         self.video = self.pc.addTransceiver("video", direction="recvonly")
@@ -135,6 +137,7 @@ class Stream:
         self.pointer = inputs.Pointer(int(view.get("profile", {}).get("width") or 1280),
                                       int(view.get("profile", {}).get("height") or 720))
         self._frames: asyncio.Queue[Frame] = asyncio.Queue(FRAME_QUEUE)
+        self._decoded = asyncio.Event()  # set on every decoded frame (``wait_frames``)
         self._rx_packets = 0
         self._ping_id = 0
         self._ws: aiohttp.ClientWebSocketResponse | None = None
@@ -171,7 +174,8 @@ class Stream:
                 assert isinstance(image, av.VideoFrame)
                 at_ms, wall_ms = time.monotonic() * 1000, time.time() * 1000
                 stamp = read_frame(image) if self.read_stamps else None
-                frame = Frame(image, self.stats.frames, at_ms, wall_ms, stamp)
+                frame = Frame(image, self.frames_decoded, at_ms, wall_ms, stamp)
+                self.frames_decoded += 1
                 self.stats.on_frame(at_ms, wall_ms, image.width, image.height, stamp)
                 if (image.width, image.height) != (self.pointer.width, self.pointer.height):
                     self.pointer.resize(image.width, image.height)
@@ -179,6 +183,7 @@ class Stream:
                 if self._frames.full():
                     self._frames.get_nowait()  # drop the oldest: the consumer wants fresh pictures
                 self._frames.put_nowait(frame)
+                self._decoded.set()
 
     async def _read_audio(self, track: MediaStreamTrack) -> None:
         with contextlib.suppress(MediaStreamError):
@@ -209,7 +214,7 @@ class Stream:
             return
         if isinstance(msg, dict) and msg.get("t") == NodeEventType.PROBE and self.probe.readyState == "open":
             self.probe.send(json.dumps({"t": InputType.PROBE_ACK.value, "id": msg.get("id"), "rx": self._rx_packets,
-                                        "rx_ms": round(time.monotonic() * 1000, 1), "fd": self.stats.frames}))
+                                        "rx_ms": round(time.monotonic() * 1000, 1), "fd": self.frames_decoded}))
 
     async def frames(self) -> AsyncIterator[Frame]:
         """Decoded frames as they come (the oldest dropped when the consumer falls behind); ends on close."""
@@ -224,10 +229,11 @@ class Stream:
                 yield getter.result()
 
     async def wait_frames(self, count: int, timeout_s: float = 30.0) -> Frame:
-        """Wait until ``count`` frames in all were decoded; the newest one."""
+        """Wait until ``count`` frames in all were decoded; the newest one.  Takes nothing from ``frames()``."""
         async with asyncio.timeout(timeout_s):
-            while self.stats.frames < count or self.latest is None:
-                await self._frames.get()
+            while self.frames_decoded < count or self.latest is None:
+                self._decoded.clear()
+                await self._decoded.wait()
         assert self.latest is not None
         return self.latest
 
@@ -269,8 +275,12 @@ class Stream:
                     break
                 if frame.type != aiohttp.WSMsgType.TEXT:
                     continue
-                msg = json.loads(frame.data)
-                kind = msg.get("type")
+                try:
+                    msg = json.loads(frame.data)
+                except json.JSONDecodeError:
+                    log.warning("signaling: a frame that is not JSON: %.80s", frame.data)
+                    continue
+                kind = msg.get("type") if isinstance(msg, dict) else None
                 if kind == SignalType.ANSWER and not self._answered.done():
                     await self.pc.setRemoteDescription(RTCSessionDescription(sdp=msg["sdp"], type="answer"))
                     self._answered.set_result(None)
