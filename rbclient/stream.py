@@ -68,6 +68,7 @@ NOT_RUNNING_RETRY_S: Final = 0.5  # the web client's retry delay after a not_run
 PING_INTERVAL_S: Final = 1.0
 FRAME_QUEUE: Final = 4  # decoded frames waiting for the consumer; older ones are dropped
 MESSAGES_KEPT: Final = 200  # node messages kept in ``Stream.messages``
+AUDIO_KEPT: Final = 100  # decoded audio frames kept in ``Stream.audio`` (20 ms each: the last 2 s)
 
 
 class SignalingError(Exception):
@@ -123,7 +124,8 @@ class Stream:
         self.bye_reason: str | None = None  # set when the broker said ``bye`` (the session ended)
         self.latest: Frame | None = None
         self.frames_decoded = 0  # every frame of this stream (``stats`` may be replaced to start a window)
-        self.audio_frames = 0
+        self.audio_frames = 0  # decoded audio frames in all
+        self.audio: deque[av.AudioFrame] = deque(maxlen=AUDIO_KEPT)  # the newest decoded sound (Opus, 48 kHz)
         self.pc = RTCPeerConnection(ice_configuration(view))
         self.video = self.pc.addTransceiver("video", direction="recvonly")
         if codecs is not None:
@@ -188,8 +190,10 @@ class Stream:
     async def _read_audio(self, track: MediaStreamTrack) -> None:
         with contextlib.suppress(MediaStreamError):
             while True:
-                await track.recv()
-                self.audio_frames += 1
+                frame = await track.recv()
+                if isinstance(frame, av.AudioFrame):
+                    self.audio.append(frame)
+                    self.audio_frames += 1
 
     def _on_input_message(self, raw: str | bytes) -> None:
         try:
