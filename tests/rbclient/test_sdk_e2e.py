@@ -87,6 +87,17 @@ async def test_sdk_queues_streams_plays_and_ends(redis_url: str, prefix: str, tm
             await until(lambda: stream.stats.node.get("probe_rtt_ms") is not None,
                         "the node never reported a probe round trip: probe answers did not reach it")
 
+            # reconnect as protocol.md says: a new peer connection and offer on the same seated session
+            await stream.close()
+            view = await first.session(a["id"])
+            assert view["state"] in ("running", "disconnected") and view["signaling"], view
+            stream = Stream(first, view, host_addresses=("127.0.0.1",))
+            await stream.connect()
+            again = await stream.wait_frames(5)
+            assert (again.image.width, again.image.height) == (W, H)
+            await until(lambda: stream.stats.frames >= 5, "no frames after reconnecting")
+            assert (await first.session(a["id"]))["state"] == "running"
+
             ended = await stream.end()
             assert (ended["state"], ended["end_reason"]) == ("ended", "user")
             await until(lambda: stream.closed, "the signaling socket stayed open after DELETE")
