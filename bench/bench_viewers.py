@@ -21,6 +21,10 @@ process of its group: displays, games, encoders) as % of one core, the viewers' 
 and how busy the whole machine was. The viewers run on the same machine as the
 node, so they compete with it for the cores: on a small machine the figures are a floor for what
 the node alone could do. Everything started here is stopped at the end, also on error or Ctrl-C.
+
+``--broker URL [--pool P]`` measures an existing deployment instead (its broker must allow guests;
+``--host-address`` where the viewers must offer one address): nothing is started here, and the
+nodes' CPU is not measured (they are elsewhere); every session a round started is ended.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ class RoundResult:
     viewers: int
     window_s: float
     results: list[ViewerResult]
-    node_cpu_pct: float  # of one core
+    node_cpu_pct: float | None  # of one core; None: the nodes are not on this machine (``--broker``)
     client_cpu_pct: float  # the viewers' processes (every viewer's decoding), of one core
     machine_busy_pct: float | None  # all cores
     load: str
@@ -121,7 +125,7 @@ async def one_round(base: str, n: int, opts: argparse.Namespace,
     window: dict[str, float] = {}
 
     def mark(tag: str) -> None:
-        window[f"node{tag}"] = sum(group_cpu_s(p.pid) for p in nodes)
+        window[f"node{tag}"] = sum(group_cpu_s(p.pid) for p in nodes)  # 0 without local nodes
         window[f"busy{tag}"] = machine_busy_cpu_s() or -1.0
         window[f"t{tag}"] = time.monotonic()
 
@@ -130,14 +134,16 @@ async def one_round(base: str, n: int, opts: argparse.Namespace,
             await asyncio.sleep(opts.warmup_s)
             mark("0")
 
-        load = await run_viewers(base, n, profile, opts.seconds, go)
+        load = await run_viewers(base, n, profile, opts.seconds, go, pool=opts.pool,
+                                 host_addresses=tuple(opts.host_addresses))
         mark("1")
         results, viewers_cpu = load.viewers, load.cpu_s
     else:  # one child process per part: the viewers' decoding may use every core
         ctx = multiprocessing.get_context("spawn")
         ready_q, out_q, go_event = ctx.Queue(), ctx.Queue(), ctx.Event()
         firsts = [sum(parts[:i]) for i in range(len(parts))]
-        children = [ctx.Process(target=worker, args=(base, k, profile, opts.seconds, first, ready_q, go_event, out_q))
+        children = [ctx.Process(target=worker, args=(base, k, profile, opts.seconds, first, opts.pool,
+                                                     tuple(opts.host_addresses), ready_q, go_event, out_q))
                     for k, first in zip(parts, firsts, strict=True)]
         for child in children:
             child.start()
@@ -167,8 +173,17 @@ async def one_round(base: str, n: int, opts: argparse.Namespace,
     busy0, busy1 = window["busy0"], window["busy1"]
     busy = None if busy0 < 0 or busy1 < 0 else (busy1 - busy0) / (wall * (os.cpu_count() or 1)) * 100
     load_avg = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    return RoundResult(n, wall, results, (window["node1"] - window["node0"]) / wall * 100, viewers_cpu / wall * 100,
-                       busy, load_avg, len(parts), len(nodes))
+    node_cpu = (window["node1"] - window["node0"]) / wall * 100 if nodes else None
+    return RoundResult(n, wall, results, node_cpu, viewers_cpu / wall * 100, busy, load_avg, len(parts), len(nodes))
+
+
+async def measure_remote(opts: argparse.Namespace) -> list[RoundResult]:
+    """Rounds against an existing broker (``--broker``): nothing is started here; each round's sessions end."""
+    rounds = []
+    for n in opts.viewers:
+        rounds.append(await one_round(opts.broker.rstrip("/"), n, opts, []))
+        report(rounds[-1])
+    return rounds
 
 
 async def measure(opts: argparse.Namespace, workdir: Path) -> list[RoundResult]:
@@ -232,7 +247,8 @@ def _f(value: float | None, digits: int = 1) -> str:
 def report(r: RoundResult) -> None:
     codec = next((v.codec for v in r.results if v.codec), "-")
     encoder = next((v.encoder for v in r.results if v.encoder), "-")
-    print(f"\n{r.viewers} viewer(s) in {r.procs} process(es) on {r.nodes} node(s), {r.window_s:.1f} s window, "
+    on = f"{r.nodes} node(s)" if r.nodes else "the deployment's nodes"
+    print(f"\n{r.viewers} viewer(s) in {r.procs} process(es) on {on}, {r.window_s:.1f} s window, "
           f"{codec} from {encoder}")
     rows = [[str(v.index + 1), str(s.frames), _f(s.fps), str(s.freezes), _f(s.freeze_ms / 1000, 2), str(s.stamp_gaps),
              _f(s.render_to_decode_p50_ms), _f(s.render_to_decode_p95_ms), _f(s.bitrate_bps / 1e6, 2),
@@ -240,8 +256,9 @@ def report(r: RoundResult) -> None:
     print_table(["viewer", "frames", "fps", "freezes", "frozen s", "skipped", "r2d p50 ms", "r2d p95 ms", "Mbit/s",
                  "input RTT ms"], rows)
     busy = "-" if r.machine_busy_pct is None else f"{r.machine_busy_pct:.0f} %"
-    print(f"nodes' CPU {r.node_cpu_pct:.0f} % of one core ({r.node_cpu_pct / r.viewers:.0f} % per stream); "
-          f"viewers' processes {r.client_cpu_pct:.0f} %; machine busy {busy} of {os.cpu_count()} cores; "
+    nodes = ("nodes' CPU not measured (not on this machine)" if r.node_cpu_pct is None else
+             f"nodes' CPU {r.node_cpu_pct:.0f} % of one core ({r.node_cpu_pct / r.viewers:.0f} % per stream)")
+    print(f"{nodes}; viewers' processes {r.client_cpu_pct:.0f} %; machine busy {busy} of {os.cpu_count()} cores; "
           f"load average {r.load}")
 
 
@@ -252,7 +269,7 @@ def summary(rounds: list[RoundResult]) -> None:
         s = [v.summary for v in r.results]
         p50 = [x.render_to_decode_p50_ms for x in s if x.render_to_decode_p50_ms is not None]
         rows.append([str(r.viewers), _f(sum(x.fps for x in s) / len(s)), str(sum(x.freezes for x in s)),
-                     _f(sum(p50) / len(p50) if p50 else None), f"{r.node_cpu_pct:.0f}", f"{r.client_cpu_pct:.0f}",
+                     _f(sum(p50) / len(p50) if p50 else None), _f(r.node_cpu_pct, 0), f"{r.client_cpu_pct:.0f}",
                      "-" if r.machine_busy_pct is None else f"{r.machine_busy_pct:.0f}"])
     print_table(["viewers", "fps", "freezes", "r2d p50 ms", "node CPU %", "viewers CPU %", "machine busy %"], rows)
 
@@ -286,11 +303,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--codec", choices=["auto", "h264", "vp8"], default="h264")
     p.add_argument("--encoder", default="auto", help="the node's --encoder (auto, libx264, h264_nvenc, ...)")
     p.add_argument("--nodes", type=int, default=1, help="render nodes (the pool spreads sessions breadth-first)")
+    p.add_argument("--broker", help="measure an existing deployment at this URL (guests allowed there) instead of "
+                                    "starting a broker and nodes here; the nodes' CPU is then not measured")
+    p.add_argument("--pool", default=POOL, help="the pool the viewers ask for (with --broker)")
+    p.add_argument("--host-address", action="append", dest="host_addresses", default=None,
+                   help="viewers offer ICE host candidates on this address only (default: 127.0.0.1 for the local "
+                        "nodes, the interfaces with --broker)")
     p.add_argument("--procs", type=int, default=1,
                    help="processes the viewers run in (each its own event loop; more cores for decoding)")
     opts = p.parse_args(argv)
     if opts.nodes < 1 or opts.procs < 1:
         p.error("--nodes and --procs must be at least 1")
+    if opts.host_addresses is None:
+        opts.host_addresses = [] if opts.broker else ["127.0.0.1"]
     if opts.quick:
         opts.seconds, opts.warmup_s = 3.0, 1.0
     return opts
@@ -312,7 +337,7 @@ async def _guarded(opts: argparse.Namespace, workdir: Path) -> list[RoundResult]
             loop.add_signal_handler(signal.SIGTERM, task.cancel)
             installed = True
     try:
-        return await measure(opts, workdir)
+        return await (measure_remote(opts) if opts.broker else measure(opts, workdir))
     finally:
         if installed:
             loop.remove_signal_handler(signal.SIGTERM)
@@ -322,8 +347,9 @@ def run(argv: list[str] | None = None) -> list[RoundResult]:
     """Parse ``argv``, measure, print and return one result per round (the smoke test calls this)."""
     opts = parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="rb-viewers-"))
-    print(f"viewers on render nodes: broker (embedded Redis + SQLite) + {opts.nodes} render node(s) (game, "
-          f"{opts.encoder} encoder) + SDK viewers in {opts.procs} process(es), one machine ({os.cpu_count()} cores); "
+    where = (f"the deployment at {opts.broker}, pool {opts.pool}" if opts.broker else
+             f"broker (embedded Redis + SQLite) + {opts.nodes} render node(s) (game, {opts.encoder} encoder)")
+    print(f"viewers on {where} + SDK viewers in {opts.procs} process(es) on this machine ({os.cpu_count()} cores); "
           f"{opts.size[0]}x{opts.size[1]}@{opts.fps} {opts.codec}; warm-up {opts.warmup_s:g} s, "
           f"window {opts.seconds:g} s", flush=True)
     try:

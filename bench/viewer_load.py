@@ -48,7 +48,7 @@ def own_cpu_s() -> float:
 
 
 async def run_viewers(base: str, n: int, profile: dict[str, Any], seconds: float, go: Callable[[], Awaitable[None]],
-                      *, first_index: int = 0, host_addresses: tuple[str, ...] = ("127.0.0.1",),
+                      *, pool: str = POOL, first_index: int = 0, host_addresses: tuple[str, ...] = ("127.0.0.1",),
                       ready: Callable[[], None] | None = None) -> LoadResult:
     clients = [Broker(base) for _ in range(n)]
     streams: list[Stream] = []
@@ -57,7 +57,7 @@ async def run_viewers(base: str, n: int, profile: dict[str, Any], seconds: float
             await c.sign_in_guest()
         async with asyncio.timeout(START_TIMEOUT_S):
             streams = list(await asyncio.gather(*(
-                start(c, POOL, end_on_failure=True, host_addresses=host_addresses, **profile) for c in clients)))
+                start(c, pool, end_on_failure=True, host_addresses=host_addresses, **profile) for c in clients)))
             await asyncio.gather(*(s.wait_frames(1) for s in streams))
         if ready is not None:
             ready()
@@ -78,8 +78,8 @@ async def run_viewers(base: str, n: int, profile: dict[str, Any], seconds: float
             await c.close()
 
 
-def worker(base: str, n: int, profile: dict[str, Any], seconds: float, first_index: int,
-           ready_q: Any, go_event: Any, out_q: Any) -> None:
+def worker(base: str, n: int, profile: dict[str, Any], seconds: float, first_index: int, pool: str,
+           host_addresses: tuple[str, ...], ready_q: Any, go_event: Any, out_q: Any) -> None:
     """A child process's viewers: ``ready_q`` gets None once they stream, ``go_event`` starts the window,
     ``out_q`` gets the ``LoadResult`` (or the error's text)."""
 
@@ -87,8 +87,9 @@ def worker(base: str, n: int, profile: dict[str, Any], seconds: float, first_ind
         await asyncio.get_running_loop().run_in_executor(None, go_event.wait)
 
     try:
-        result: LoadResult | str = asyncio.run(run_viewers(base, n, profile, seconds, go, first_index=first_index,
-                                                           ready=lambda: ready_q.put(None)))
+        result: LoadResult | str = asyncio.run(run_viewers(
+            base, n, profile, seconds, go, pool=pool, first_index=first_index, host_addresses=host_addresses,
+            ready=lambda: ready_q.put(None)))
     except Exception as exc:  # the task boundary of a child process: report, the parent raises
         result = f"{type(exc).__name__}: {exc}"
         ready_q.put(result)

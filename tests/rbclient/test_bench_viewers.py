@@ -46,3 +46,20 @@ def test_bench_viewers_in_process_and_in_child_processes(capsys: pytest.CaptureF
 def test_viewers_split_evenly_over_processes() -> None:
     bench = _load_bench()
     assert bench.split(5, 2) == [3, 2] and bench.split(2, 4) == [1, 1] and bench.split(3, 1) == [3]
+
+
+async def test_bench_viewers_against_an_existing_deployment(redis_url: str, prefix: str, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.rbclient.sysfix import broker, game_pool, node, seats_used
+
+    bench = _load_bench()
+    async with broker(redis_url, prefix, tmp_path) as url, node(url, "game", "node-remote", tmp_path / "node.log"):
+        await game_pool(url)
+        opts = bench.parse_args(["--broker", url, "--viewers", "1", "--seconds", "1.5", "--warmup-s", "0.5",
+                                 "--size", "320x180", "--host-address", "127.0.0.1"])
+        rounds = await bench.measure_remote(opts)
+        assert await seats_used(url) == 0  # the round ended its session
+    out = capsys.readouterr().out
+    [one] = rounds
+    assert one.node_cpu_pct is None and one.nodes == 0 and one.results[0].summary.frames > 0
+    assert "the deployment's nodes" in out and "not measured" in out
