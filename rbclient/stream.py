@@ -247,8 +247,10 @@ class Stream:
         signaling = self.view.get("signaling")
         if not signaling:
             raise SignalingError("not_seated", f"session {self.session_id} is {self.view.get('state')}, not seated")
-        self._ws = await self.broker.http.ws_connect(self.broker.with_token(signaling["url"]), heartbeat=None,
-                                                     max_msg_size=0)
+        try:  # the broker answers pings itself (every 10 s); aiohttp answers them
+            self._ws = await self.broker.http.ws_connect(self.broker.with_token(signaling["url"]), max_msg_size=0)
+        except aiohttp.WSServerHandshakeError as exc:  # 409: no longer seated; 404: not yours; 401: token
+            raise SignalingError(f"http_{exc.status}", f"the signaling socket was refused: {exc.message}") from exc
         offer = await self.pc.createOffer()
         advertise_host_addresses(self.pc, self.host_addresses)
         await self.pc.setLocalDescription(offer)
@@ -286,7 +288,12 @@ class Stream:
                     continue
                 kind = msg.get("type") if isinstance(msg, dict) else None
                 if kind == SignalType.ANSWER and not self._answered.done():
-                    await self.pc.setRemoteDescription(RTCSessionDescription(sdp=msg["sdp"], type="answer"))
+                    try:
+                        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=str(msg.get("sdp")),
+                                                                                 type="answer"))
+                    except ValueError as exc:  # aiortc refuses an answer it cannot parse or apply
+                        self._answered.set_exception(SignalingError("bad_answer", str(exc)))
+                        break
                     self._answered.set_result(None)
                 elif kind == SignalType.ERROR:
                     code, detail = str(msg.get("code")), str(msg.get("detail", ""))

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rbclient import ApiError, Broker, SessionView, Stream
+from rbclient import ApiError, Broker, SessionView, SignalingError, Stream
 from streamer.desktop.game import find_player
 from tests.rbclient.sysfix import broker, game_pool, node, seats_used
 from tests.streamer.viewer import until
@@ -101,6 +101,11 @@ async def test_sdk_queues_streams_plays_and_ends(redis_url: str, prefix: str, tm
             ended = await stream.end()
             assert (ended["state"], ended["end_reason"]) == ("ended", "user")
             await until(lambda: stream.closed, "the signaling socket stayed open after DELETE")
+            stale = Stream(first, view)  # a view from while it was seated: the broker refuses the socket now
+            with pytest.raises(SignalingError) as refused:
+                await stale.connect()
+            assert refused.value.code == "http_409"
+            await stale.close()
             seated = await asyncio.wait_for(b_waits, 30)
             assert seated["state"] in ("starting", "running") and seated["host"] == "node-sdk"
             await second.end_session(b["id"])
