@@ -81,6 +81,7 @@ class StatsSnapshot:
             f"Codec           {n.get('codec') or '-'}",
             f"RTT (node)      {num(n.get('rtt_ms'), 1, ' ms')}",
             f"Input RTT       {num(self.input_rtt_ms, 1, ' ms')}",
+            f"Probe RTT       {num(n.get('probe_rtt_ms'), 1, ' ms')}",
             f"Jitter (node)   {num(n.get('jitter_ms'), 1, ' ms')}",
             f"Packet loss     {num(loss_pct, 2, ' %')}",
             f"Freezes >200ms  {self.freezes} ({self.freeze_ms / 1000:.1f} s)",

@@ -29,7 +29,7 @@ def _load_bench() -> ModuleType:
 
 def test_bench_viewers_in_process_and_in_child_processes(capsys: pytest.CaptureFixture[str]) -> None:
     bench = _load_bench()
-    rounds = bench.run(["--viewers", "1,2", "--procs", "2", "--seconds", "2", "--warmup-s", "0.5",
+    rounds = bench.run(["--viewers", "1,2", "--procs", "2", "--seconds", "1.5", "--warmup-s", "0.3",
                         "--size", "320x180"])
     out = capsys.readouterr().out
     assert [(r.viewers, r.procs, len(r.results)) for r in rounds] == [(1, 1, 1), (2, 2, 2)]
@@ -55,7 +55,7 @@ async def test_bench_viewers_against_an_existing_deployment(redis_url: str, pref
     bench = _load_bench()
     async with broker(redis_url, prefix, tmp_path) as url, node(url, "game", "node-remote", tmp_path / "node.log"):
         await game_pool(url)
-        opts = bench.parse_args(["--broker", url, "--viewers", "1", "--seconds", "1.5", "--warmup-s", "0.5",
+        opts = bench.parse_args(["--broker", url, "--viewers", "1", "--seconds", "1", "--warmup-s", "0.3",
                                  "--size", "320x180", "--host-address", "127.0.0.1"])
         rounds = await bench.measure_remote(opts)
         assert await seats_used(url) == 0  # the round ended its session
