@@ -82,11 +82,12 @@ from aiortc.mediastreams import MediaStreamError
 
 from bench.common import PEERS_LOG_LEVEL_ENV
 from broker.protocol import INPUT_CHANNEL_LABEL
+from rbcommon.ice import advertise_host_addresses
 from streamer.abr.bitrate import GAME_PROFILE, BitrateProfile
 from streamer.desktop.game import Game, read_stamp, stamp_height
 from streamer.desktop.inputs import InputEvent
 from streamer.desktop.inputsink import InputRouter, wall_clock_ms
-from streamer.media.peer import advertise_host_addresses, codec_preferences
+from streamer.media.peer import codec_preferences
 from streamer.media.session import RuntimeConfig, SessionRuntime, SessionSpec
 from tests.streamer.viewer import answer_probes
 

@@ -138,9 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "  serve       run the broker (render-broker serve --help lists every setting)\n"
         "  bench       allocation throughput/latency benchmark (render-broker bench --help)\n"
         "  settings    print the settings reference as a Markdown table\n"
-        "  simulate    compare always-on, a scaling plan and a recommended plan (render-broker simulate --help)\n"),
+        "  simulate    compare always-on, a scaling plan and a recommended plan (render-broker simulate --help)\n"
+        "  play        stream a session into a native window (render-broker play --help; needs the play extra)\n"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["serve", "bench", "settings", "simulate"])
+    parser.add_argument("command", choices=["serve", "bench", "settings", "simulate", "play"])
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         print("\nsettings (serve):\n" + settings_table(BrokerSettings, "BROKER_"))
@@ -159,5 +160,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from broker.bench import main as bench_main
 
         return asyncio.run(bench_main(rest))
+    if cmd == "play":
+        try:  # the client and pygame load only here: the broker itself never imports them
+            from rbclient.play import main as play_main
+        except ModuleNotFoundError as exc:
+            if exc.name != "pygame":
+                raise
+            print("render-broker play needs pygame: pip install 'render-broker[play]'", file=sys.stderr)
+            return 2
+        return play_main(rest)
     parser.error(f"unknown command {cmd!r}")
     return 2

@@ -211,3 +211,13 @@ async def setup_pool(client, name: str = "p1", hosts: int = 1, gpus_per_host: in
 
 
 AsyncIter = AsyncIterator
+
+
+@pytest.fixture
+def tone_file() -> Iterator[Path]:
+    """2 s of a 440 Hz tone (raw s16le stereo 48 kHz) that any account can read: a desktop session's app plays
+    it, and runs as nobody when the tests run as root (pytest's tmp_path is root's alone)."""
+    from tests.streamer.tone import readable_tone_file
+
+    with readable_tone_file(440, 2.0) as path:
+        yield path

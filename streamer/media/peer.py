@@ -43,7 +43,9 @@ aiortc seams used (aiortc 1.16 / aioice 0.13, no vendored copies):
   overrides that method to bind the configured addresses instead;
   ``advertise_host_addresses`` adopts every ICE gatherer of a connection
   before ``setLocalDescription`` gathers.  Reaching the gatherer's connection
-  (``RTCIceGatherer._connection``) is the one private attribute we read.
+  (``RTCIceGatherer._connection``) is the one private attribute we read.  Both
+  live in ``rbcommon.ice`` (the Python client SDK, ``rbclient``, uses them too)
+  and are re-exported here.
 - Probe send times: aiortc's ``RTCSctpTransport`` queues a data-channel message
   and sends it when the event loop gets there (tens of ms on a loaded node);
   ``ProbeTimingSctp.adopt`` re-classes the connection's SCTP transport to
@@ -101,8 +103,6 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, cast
 
 import aiortc.rtcrtpsender as aiortc_sender
-from aioice import Connection
-from aioice.candidate import Candidate
 from aiortc import (
     MediaStreamTrack,
     RTCConfiguration,
@@ -115,7 +115,7 @@ from aiortc import (
     RTCRtpSender,
     RTCSessionDescription,
 )
-from aiortc.rtcicetransport import RTCIceGatherer, connection_kwargs
+from aiortc.rtcicetransport import connection_kwargs
 from aiortc.rtcpeerconnection import find_common_codecs
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters, RTCRtpHeaderExtensionParameters, RTCRtpParameters
 from aiortc.rtcrtptransceiver import RTCRtpTransceiver
@@ -138,11 +138,12 @@ from aiortc.rtp import (
 from aiortc.sdp import DTLS_ROLE_SETUP, H264Profile, SessionDescription, candidate_from_sdp, parse_h264_profile_level_id
 
 from broker.protocol import INPUT_CHANNEL_LABEL, PROBE_CHANNEL_LABEL
+from rbcommon.ice import advertise_host_addresses
+from rbcommon.udpports import NoFreePort, PortRange
 from streamer.desktop.inputs import ProbeAck, parse_input
 from streamer.desktop.inputsink import InputRouter
 from streamer.media.probe import LOOP_TICK_MS, PROBE_INTERVAL_MS, LoopLateness, ProbeSample, ProbeTracker
 from streamer.media.rtx import RetransmitCounters, RetransmitLimiter
-from streamer.media.udpports import NoFreePort, PortRange, gather_in_range
 
 log = logging.getLogger(__name__)
 
@@ -217,77 +218,6 @@ def rtc_configuration(ice_servers: Sequence[Mapping[str, Any]]) -> RTCConfigurat
     if len(turn_urls) > 1 or (turn_urls and "turn_server" not in used):
         log.info("aiortc uses one TURN server (udp/tcp, password): %s of %s", used.get("turn_server"), turn_urls)
     return RTCConfiguration(iceServers=servers)
-
-
-# --- ICE host addresses -------------------------------------------------------------------
-
-
-class AdvertisingConnection(Connection):
-    """An aioice ``Connection`` that binds host candidates on configured addresses only.
-
-    aioice 0.13 gathers on every interface address except 127.0.0.1 and has no
-    option to choose; a node on a loopback-only host, or one that must offer a
-    particular address, needs exactly the addresses it is told.
-    """
-
-    advertise_addresses: tuple[str, ...] = ()
-    udp_ports: PortRange | None = None  # host candidates bind within this range (streamer.media.udpports)
-
-    async def get_component_candidates(
-        self,
-        component: int,
-        addresses: list[str],
-        timeout: int = 5,  # noqa: ASYNC109  # aioice's signature
-    ) -> list[Candidate]:
-        """aioice's own gathering, on ``advertise_addresses`` (else the interface list aioice passes) and,
-        with ``udp_ports``, on ports of that range."""
-        wanted = list(self.advertise_addresses) or addresses
-        if self.udp_ports is None:
-            return await super().get_component_candidates(component=component, addresses=wanted, timeout=timeout)
-        gather_relay = super().get_component_candidates
-        return await gather_in_range(self, component, wanted, self.udp_ports, timeout,
-                                     lambda: gather_relay(component=component, addresses=[], timeout=timeout))
-
-
-def _ice_gatherers(pc: RTCPeerConnection) -> list[RTCIceGatherer]:
-    gatherers: dict[int, RTCIceGatherer] = {}
-    for transceiver in pc.getTransceivers():
-        gatherer = transceiver.receiver.transport.transport.iceGatherer
-        gatherers[id(gatherer)] = gatherer
-    if pc.sctp is not None:
-        gatherer = pc.sctp.transport.transport.iceGatherer
-        gatherers[id(gatherer)] = gatherer
-    return list(gatherers.values())
-
-
-def advertise_host_addresses(pc: RTCPeerConnection, addresses: Sequence[str],
-                             udp_ports: PortRange | None = None) -> int:
-    """Make ``pc`` offer host candidates on exactly ``addresses`` (e.g. ``("127.0.0.1",)``).
-
-    Why: aioice skips 127.0.0.1 when gathering, so on a loopback-only host
-    nothing connects and nothing is raised; and an operator may want to offer
-    one address of a multi-homed node.  Call it after the transceivers (and
-    data channel) exist and before ``setLocalDescription`` (which gathers);
-    for an answerer, after ``setRemoteDescription`` (which creates and
-    bundles transports).  An empty ``addresses`` leaves aioice's interface list.
-    ``udp_ports``: host candidates bind within that range (a firewall's, a hostPort range).
-    Returns the number of ICE gatherers adjusted (0: aioice's default gathering).  Raises ``RuntimeError``
-    if a gatherer has already gathered.
-    """
-    if not addresses and udp_ports is None:
-        return 0
-    wanted = tuple(dict.fromkeys(addresses))
-    gatherers = _ice_gatherers(pc)
-    for gatherer in gatherers:
-        if gatherer.state != "new":
-            raise RuntimeError(f"ICE gatherer already {gatherer.state}: advertise before setLocalDescription")
-        connection = gatherer._connection  # the one private attribute: aiortc offers no other way in
-        if type(connection) is not Connection and not isinstance(connection, AdvertisingConnection):
-            raise TypeError(f"unexpected ICE connection type {type(connection).__name__}")
-        connection.__class__ = AdvertisingConnection
-        cast(AdvertisingConnection, connection).advertise_addresses = wanted
-        cast(AdvertisingConnection, connection).udp_ports = udp_ports
-    return len(gatherers)
 
 
 # --- codecs --------------------------------------------------------------------------------

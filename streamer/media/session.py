@@ -74,6 +74,7 @@ from encoder import (
     VideoEncoder,
     probe_all_async,
 )
+from rbcommon.udpports import PortRange
 from streamer.abr import bitrate as bitrate_policy
 from streamer.abr import ladder as ladder_policy
 from streamer.abr import playout as playout_policy
@@ -110,7 +111,6 @@ from streamer.media.peer import (
 )
 from streamer.media.probe import PROBE_INTERVAL_MS, RecvWindow, SendLog
 from streamer.media.track import EncodedVideoTrack, FramePipeline
-from streamer.media.udpports import PortRange
 
 log = logging.getLogger(__name__)
 

@@ -48,11 +48,11 @@ import aiohttp
 
 from broker.protocol import API_PREFIX, NodeCommand
 from rbcommon.procs import sweep_stale_tmpdirs
+from rbcommon.udpports import PortRange
 from streamer.desktop import sessionuser
 from streamer.desktop.audio import AUDIO_TMP_PREFIX
 from streamer.desktop.display import DISPLAY_TMP_PREFIX
 from streamer.media.session import RuntimeConfig, SessionRefused, SessionRuntime, SessionSpec
-from streamer.media.udpports import PortRange
 from streamer.node.gpus import GpuInfo, GpuTelemetry
 from streamer.node.health import NodeHealth
 from streamer.node.inventory import take_inventory

@@ -38,7 +38,7 @@ from aiortc import (
 from aiortc.mediastreams import MediaStreamError
 
 from broker.protocol import INPUT_CHANNEL_LABEL, PROBE_CHANNEL_LABEL, InputType, NodeEventType
-from streamer.media.peer import advertise_host_addresses
+from rbcommon.ice import advertise_host_addresses
 
 DEADLINE_S = 15.0  # generous bound for things that normally take well under a second
 KEEP_IMAGES = 30  # newest decoded frames kept as BGR arrays

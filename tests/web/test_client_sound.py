@@ -12,7 +12,6 @@ import asyncio
 import shlex
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -21,7 +20,6 @@ import pytest
 from streamer.desktop.audio import audio_available
 from tests.conftest import ADMIN
 from tests.procs import Proc
-from tests.streamer.tone import readable_tone_file
 from tests.web.conftest import call, page_errors, user_token
 from tests.web.test_client_stream import render_node, wait_host
 
@@ -64,22 +62,16 @@ AUDIO_STATS_JS = """async () => {
 }"""
 
 
-@pytest.fixture
-def tone() -> Iterator[Path]:
-    """The tone file, readable by the session's account (nobody when the tests run as root)."""
-    with readable_tone_file(TONE_HZ, 2.0) as path:
-        yield path
-
-
 async def test_a_desktop_apps_tone_is_heard_by_the_page(
-    broker: Proc, http: aiohttp.ClientSession, browser, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tone: Path
+    broker: Proc, http: aiohttp.ClientSession, browser, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tone_file: Path
 ) -> None:
     for tool in ("Xvfb", "openbox", "pacat"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed (a desktop session with sound needs it)")
     if (why := audio_available()) is not None:
         pytest.skip(f"no audio server: {why}")
-    play = f"while :; do pacat --raw --format=s16le --rate=48000 --channels=2 {shlex.quote(str(tone))} || exit 1; done"
+    play = (f"while :; do pacat --raw --format=s16le --rate=48000 --channels=2 {shlex.quote(str(tone_file))} "
+            "|| exit 1; done")
     monkeypatch.setenv("NODE_APP_COMMAND", shlex.join(["sh", "-c", play]))  # render_node copies os.environ
     base, api = broker.url, f"{broker.url}/api/v1"
     await call(http, "PUT", f"{api}/pools/loud", ADMIN, {"kind": "desktop", "max_sessions_per_gpu": 1})

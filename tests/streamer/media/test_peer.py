@@ -22,9 +22,9 @@ from aiortc.rtp import (
 )
 
 from broker.protocol import INPUT_CHANNEL_LABEL
+from rbcommon.ice import AdvertisingConnection
 from streamer.media.peer import (
     PLAYOUT_DELAY_URI,
-    AdvertisingConnection,
     FeedbackSender,
     OfferError,
     PlayoutDelay,

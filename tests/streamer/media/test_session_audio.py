@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from streamer.desktop import sessionuser
 from streamer.desktop.audio import audio_available
 from streamer.media.session import RuntimeConfig, SessionRefused, SessionRuntime, SessionSpec
 from tests.procs import alive
-from tests.streamer.tone import readable_tone_file, rms, tone_amplitude
+from tests.streamer.tone import rms, tone_amplitude
 from tests.streamer.viewer import Viewer, until
 
 pytestmark = [
@@ -59,16 +58,9 @@ def hears_tone(viewer: Viewer) -> bool:
     )
 
 
-@pytest.fixture
-def tone() -> Iterator[Path]:
-    """The tone file, readable by the session's account."""
-    with readable_tone_file(TONE_HZ, 2.0) as path:
-        yield path
-
-
 @pytest.mark.parametrize("as_user", [None, "nobody"])
 async def test_a_desktop_apps_tone_reaches_the_viewer_as_opus_and_stop_leaves_nothing(
-    as_user: str | None, tone: Path
+    as_user: str | None, tone_file: Path
 ) -> None:
     """Also with the session's programs (app, WM, PulseAudio) running as an unprivileged account."""
     config = CONFIG
@@ -76,7 +68,7 @@ async def test_a_desktop_apps_tone_reaches_the_viewer_as_opus_and_stop_leaves_no
         if os.geteuid() != 0:
             pytest.skip("running session programs as another account needs root")
         config = dataclasses.replace(CONFIG, session_user=sessionuser.lookup(as_user))
-    play = f"while :; do pacat --raw --format=s16le --rate=48000 --channels=2 {tone} || exit 1; done"
+    play = f"while :; do pacat --raw --format=s16le --rate=48000 --channels=2 {tone_file} || exit 1; done"
     spec = SessionSpec(id="desk-sound", kind="desktop", width=320, height=240, fps=30, app_command=("sh", "-c", play))
     runtime = SessionRuntime(spec, config)
     await runtime.start()

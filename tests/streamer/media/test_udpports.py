@@ -11,8 +11,8 @@ import socket
 import pytest
 
 from broker.protocol import SignalError
+from rbcommon.udpports import NoFreePort, PortRange, bind_in_range
 from streamer.media.session import RuntimeConfig, SessionRuntime, SessionSpec
-from streamer.media.udpports import NoFreePort, PortRange, bind_in_range
 from tests.streamer.viewer import Viewer
 
 pytestmark = pytest.mark.timeout(60)
