@@ -15,6 +15,7 @@ COPY rbcommon/ rbcommon/
 COPY encoder/ encoder/
 COPY broker/ broker/
 COPY streamer/ streamer/
+COPY rbclient/ rbclient/
 COPY web/ web/
 COPY infra/docker/healthcheck.py /usr/local/lib/render-broker/healthcheck.py
 RUN pip install --no-cache-dir -e '.[kubernetes]'
