@@ -140,6 +140,7 @@ from aiortc.sdp import DTLS_ROLE_SETUP, H264Profile, SessionDescription, candida
 from broker.protocol import INPUT_CHANNEL_LABEL, PROBE_CHANNEL_LABEL
 from streamer.desktop.inputs import ProbeAck, parse_input
 from streamer.desktop.inputsink import InputRouter
+from streamer.media.freezes import freeze_threshold_ms
 from streamer.media.probe import LOOP_TICK_MS, PROBE_INTERVAL_MS, LoopLateness, ProbeSample, ProbeTracker
 from streamer.media.rtx import RetransmitCounters, RetransmitLimiter
 
@@ -900,6 +901,20 @@ class ViewerPeer:
         if early:
             self.early_candidates += 1
         return True
+
+    @property
+    def viewer_freezes(self) -> int:
+        """Freezes the viewer's decoded-frame count showed (probe answers with ``fd``; 0 without them)."""
+        return self._probes.freezes
+
+    @property
+    def first_decoded_ms(self) -> float | None:
+        """When (node monotonic ms) the viewer first reported a decoded frame; None: not (yet) reported."""
+        return self._probes.first_decoded_ms
+
+    def set_frame_rate(self, fps: float) -> None:
+        """The frame rate sent now: a viewer freeze is a standstill of ``freeze_threshold_ms(fps)``."""
+        self._probes.freeze_threshold_ms = freeze_threshold_ms(fps)
 
     def candidate_type(self) -> str | None:
         """The path the media takes (`path_kind` of the nominated pair), or None before ICE nominates one.

@@ -118,6 +118,9 @@ class NodeAgent:
         self._shutting_down = False
         self._session_gone = asyncio.Event()  # set whenever a session leaves this node
         self.credential: str | None = None  # host-bound node credential from the broker; None = node token
+        # freezes and encoder errors of the sessions that left this node (the heartbeat's *_total add
+        # the live sessions' counts: node-cumulative counters, reset only by a node restart)
+        self._ended_counts = {"freezes": 0, "encoder_errors": 0}
 
     # ---- plumbing ------------------------------------------------------------------------
     @property
@@ -323,7 +326,7 @@ class NodeAgent:
                 backoff = min(backoff * 2, RETRY_MAX_S)
 
     async def heartbeat(self) -> None:
-        sessions = []
+        sessions: list[dict[str, Any]] = []
         for sid, rt in self.sessions.items():
             st = rt.stats()
             entry = {
@@ -345,13 +348,18 @@ class NodeAgent:
                 "width",
                 "height",
                 "candidate",
+                "freezes",
+                "encoder_errors",
+                "first_frame_ms",
             ):
                 if st.get(k) is not None:
                     entry[k] = st[k]
             sessions.append(entry)
         gpus = await asyncio.to_thread(self._telemetry.read, [g.index for g in self.gpus]) \
             if self.runtime_config.gpu_render else [{"index": g.index} for g in self.gpus]
-        body = {"gpus": gpus, "sessions": sessions}
+        body: dict[str, Any] = {"gpus": gpus, "sessions": sessions}
+        for k, ended in self._ended_counts.items():  # the node's counters: sessions gone + live ones
+            body[f"{k}_total"] = ended + sum(int(e.get(k) or 0) for e in sessions)
         await self._watch(gpus)
         async with self.http.put(self._url(f"/hosts/{self.host_id}/heartbeat"), json=body,
                                  headers=self._auth()) as r:
@@ -510,6 +518,9 @@ class NodeAgent:
         if task is not None:
             task.cancel()
         if rt is not None:
+            st = rt.stats()
+            for k in self._ended_counts:
+                self._ended_counts[k] += int(st.get(k) or 0)
             await rt.stop(why)
             log.info("session %s stopped: %s", sid, why)
         self._session_gone.set()
