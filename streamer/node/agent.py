@@ -53,6 +53,7 @@ from streamer.media.session import RuntimeConfig, SessionRuntime, SessionSpec
 from streamer.node.gpus import GpuInfo, GpuTelemetry
 from streamer.node.health import NodeHealth
 from streamer.node.inventory import take_inventory
+from streamer.node.selftest import SelftestConfig, SelftestReport, SelftestRunner
 from streamer.node.settings import NodeSettings
 from streamer.node.watchdog import Limits
 
@@ -116,6 +117,13 @@ class NodeAgent:
                                         healthy_hold_ms=int(settings.watchdog_healthy_hold_s * 1000)),
                                  enabled=settings.watchdog)
         self._shutting_down = False
+        # the stream self-test, on idle capacity only: no session live or starting
+        self.selftest = SelftestRunner(
+            SelftestConfig(encoder_preference=settings.encoder,
+                           advertise_addresses=tuple(settings.advertise_addresses) or ("127.0.0.1",)),
+            settings.selftest_interval_s,
+            idle=lambda: not self.sessions and not self._starting and not self._shutting_down,
+            on_result=self._selftest_result)
         self._session_gone = asyncio.Event()  # set whenever a session leaves this node
         self.credential: str | None = None  # host-bound node credential from the broker; None = node token
         # freezes and encoder errors of the sessions that left this node (the heartbeat's *_total add
@@ -160,12 +168,16 @@ class NodeAgent:
             inventory = await asyncio.to_thread(take_inventory, self.s.seats)
             self.gpus = inventory.gpus
             self.runtime_config = dataclasses.replace(self.runtime_config, gpu_render=inventory.gpu_render)
+            if inventory.gpu_render and self.gpus:  # test the encoder sessions on the first GPU use
+                self.selftest.config = dataclasses.replace(self.selftest.config, gpu=self.gpus[0].index)
             log.info("inventory: %s; %s", inventory.reason, inventory.seats_note)
             tasks = [
                 asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
                 asyncio.create_task(self._command_loop(), name="commands"),
                 asyncio.create_task(self.health.run_lag_monitor(), name="loop-lag"),
             ]
+            if self.s.selftest_interval_s > 0:
+                tasks.append(asyncio.create_task(self.selftest.run_forever(), name="selftest"))
             runner = await self.health.serve(self.s.health_host, self.s.health_port) if self.s.health_port else None
             try:
                 await self._stop.wait()
@@ -221,6 +233,11 @@ class NodeAgent:
         decision = self.health.step(gpus, len(self.sessions), int(time.time() * 1000))
         if decision.action in ("drain", "undrain") and not self._shutting_down:
             await self.set_drained(decision.action == "drain", f"watchdog: {decision.reason}")
+
+    def _selftest_result(self, report: SelftestReport | None, why: str) -> None:
+        """The latest self-test's outcome reaches the watchdog (a failure drains at the next heartbeat)."""
+        self.health.selftest_failure = why
+        self.health.selftest = report.to_dict() if report is not None else {"ok": False, "reason": why}
 
     async def set_drained(self, drained: bool, reason: str) -> bool:
         """Ask the broker to drain (no new sessions) or undrain this host; False when it did not answer yes."""

@@ -13,7 +13,10 @@ Rules (each a ``reason`` code in the decision):
   (a session or driver leaking, not new work);
 - ``session_failures``: ``max_session_failures`` or more sessions failed to start or stream (capture or
   encoder gave up) since the last sample;
-- ``loop_lag``: the node's event loop ran ``max_loop_lag_ms`` late (the node cannot serve its streams).
+- ``loop_lag``: the node's event loop ran ``max_loop_lag_ms`` late (the node cannot serve its streams);
+- ``selftest_failed``: the node's latest stream self-test failed (``streamer.node.selftest``: a corrupt
+  frame, frames lost with no loss to explain them, no recovery after induced loss); a later passing
+  run clears it.
 A sick sample while healthy -> ``drain`` (a trip).  A drained host undrains after ``healthy_hold_ms``
 of healthy samples, unless it tripped ``max_trips`` times within ``trip_window_ms``: then it stays
 drained for an operator (``hold_for_operator``), because flapping hurts users more than a lost host.
@@ -56,6 +59,7 @@ class Sample:
     sessions: int
     session_failures: int  # cumulative: sessions that failed to start or whose capture/encoder gave up
     loop_lag_ms: float  # how late the node's event loop ran its last timer
+    selftest_failure: str = ""  # why the latest stream self-test failed; "" = passed or never run
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,8 @@ def _problems(state: WatchdogState, s: Sample, now_ms: int, lim: Limits) -> tupl
     failed = 0 if state.sessions is None else s.session_failures - state.session_failures  # first sample: baseline
     if failed >= lim.max_session_failures:
         out.append(f"session_failures: {failed} session(s) failed to start or stream")
+    if s.selftest_failure:
+        out.append(f"selftest_failed: {s.selftest_failure}")
     if s.loop_lag_ms >= lim.max_loop_lag_ms:
         out.append(f"loop_lag: event loop {s.loop_lag_ms:.0f} ms late (limit {lim.max_loop_lag_ms:g} ms)")
     return out, throttled

@@ -107,3 +107,15 @@ def test_repeated_trips_hold_the_host_drained_for_an_operator() -> None:
                                 "tripped 3 times in 60 min: stays drained until an operator undrains it")
     assert run(st, sample(gpu(temp=70)), now + 900_000)[0] == "none" and st.held
     assert run(st, sample(gpu(temp=99)), now + 905_000)[0] == "none"  # held: no new trip either
+
+
+def test_a_failed_selftest_drains_and_a_passing_one_lets_the_host_undrain() -> None:
+    failing = Sample(gpus=[gpu()], sessions=0, session_failures=0, loop_lag_ms=5,
+                     selftest_failure="2 corrupt frame(s) (first: frame 41: PSNR 14.9 dB under 22)")
+    action, reason, st = run(WatchdogState(), failing, 0)
+    assert (action, reason) == ("drain", "selftest_failed: 2 corrupt frame(s) (first: frame 41: PSNR 14.9 dB under 22)")
+    action, _, st = run(st, failing, 5_000)  # the same failed run, still: nothing new
+    assert action == "none" and st.drained
+    action, _, st = run(st, sample(sessions=0), 10_000)  # a passing run cleared it: the hold starts
+    action, _, st = run(st, sample(sessions=0), 310_000)
+    assert action == "undrain"
