@@ -69,7 +69,7 @@ HOST_COUNTERS: dict[str, tuple[str, str]] = {
                       "counted by the node since it started"),
     "encoder_errors_total": ("render_broker_encoder_errors",
                              "Encoder errors (frames the encoder failed on, encoders that failed to open) of the "
-                             "sessions a node ran, counted by the node since it started"),
+                             "sessions and stream self-tests a node ran, counted by the node since it started"),
 }
 
 

@@ -126,8 +126,9 @@ class NodeAgent:
             on_result=self._selftest_result)
         self._session_gone = asyncio.Event()  # set whenever a session leaves this node
         self.credential: str | None = None  # host-bound node credential from the broker; None = node token
-        # freezes and encoder errors of the sessions that left this node (the heartbeat's *_total add
-        # the live sessions' counts: node-cumulative counters, reset only by a node restart)
+        # freezes and encoder errors of the sessions that left this node, and its self-tests' encoder errors
+        # (the heartbeat's *_total add the live sessions' counts: node-cumulative counters, reset only by a
+        # node restart)
         self._ended_counts = {"freezes": 0, "encoder_errors": 0}
 
     # ---- plumbing ------------------------------------------------------------------------
@@ -234,10 +235,21 @@ class NodeAgent:
         if decision.action in ("drain", "undrain") and not self._shutting_down:
             await self.set_drained(decision.action == "drain", f"watchdog: {decision.reason}")
 
+    async def read_gpus(self) -> list[dict[str, Any]]:
+        """This heartbeat's GPU telemetry: NVML's where sessions render on the GPUs, else the indexes alone.
+
+        The watchdog and the broker read these rows; a drill replaces this method to inject readings.
+        """
+        if self.runtime_config.gpu_render:
+            return await asyncio.to_thread(self._telemetry.read, [g.index for g in self.gpus])
+        return [{"index": g.index} for g in self.gpus]
+
     def _selftest_result(self, report: SelftestReport | None, why: str) -> None:
         """The latest self-test's outcome reaches the watchdog (a failure drains at the next heartbeat)."""
         self.health.selftest_failure = why
         self.health.selftest = report.to_dict() if report is not None else {"ok": False, "reason": why}
+        if report is not None:  # the host's encoder failed: the node's encoder-error counter says so too
+            self._ended_counts["encoder_errors"] += report.encoder_errors
 
     async def set_drained(self, drained: bool, reason: str) -> bool:
         """Ask the broker to drain (no new sessions) or undrain this host; False when it did not answer yes."""
@@ -372,8 +384,7 @@ class NodeAgent:
                 if st.get(k) is not None:
                     entry[k] = st[k]
             sessions.append(entry)
-        gpus = await asyncio.to_thread(self._telemetry.read, [g.index for g in self.gpus]) \
-            if self.runtime_config.gpu_render else [{"index": g.index} for g in self.gpus]
+        gpus = await self.read_gpus()
         body: dict[str, Any] = {"gpus": gpus, "sessions": sessions}
         for k, ended in self._ended_counts.items():  # the node's counters: sessions gone + live ones
             body[f"{k}_total"] = ended + sum(int(e.get(k) or 0) for e in sessions)

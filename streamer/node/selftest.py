@@ -97,6 +97,7 @@ class SelftestReport:
     codec: str
     frames_sent: int  # frames the pipeline encoded and handed to the track
     frames_sent_before_loss: int  # of those, before the loss window (all of them without one)
+    encoder_errors: int  # frames the encoder raised on
     frames_checked: int  # decoded with a readable stamp and PSNR at or over the floor
     corrupt_frames: int  # decoded wrong with every reference intact (goal 0)
     recovering_frames: int  # decoded wrong after the receiver gave data up, before a keyframe
@@ -279,10 +280,12 @@ async def run_selftest(config: SelftestConfig = SelftestConfig(), *, mangle: Man
         encoder = wrap_encoder(encoder)
     source = StampedSource(config.width, config.height, mangle)
     failed: list[BaseException] = []
+    gave_up = asyncio.Event()
     loop = asyncio.get_running_loop()
 
     def pipeline_failed(exc: BaseException) -> None:  # the frame thread gave up (thread-safe)
         loop.call_soon_threadsafe(failed.append, exc)
+        loop.call_soon_threadsafe(gave_up.set)
 
     pipeline = FramePipeline(source, encoder, config.fps, name="rb-frames-selftest", on_failure=pipeline_failed)
     track = EncodedVideoTrack()
@@ -304,9 +307,16 @@ async def run_selftest(config: SelftestConfig = SelftestConfig(), *, mangle: Man
         await receiver.pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
         pipeline.start()
         pipeline.attach(track)
-        await asyncio.wait_for(receiver.first_frame.wait(), CONNECT_TIMEOUT_S)
+        waits = [asyncio.ensure_future(receiver.first_frame.wait()), asyncio.ensure_future(gave_up.wait())]
+        await asyncio.wait(waits, timeout=CONNECT_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
+        if not receiver.first_frame.is_set() and not gave_up.is_set():
+            raise TimeoutError(f"no frame decoded within {CONNECT_TIMEOUT_S:g} s of the answer")
         first = time.monotonic()
-        if config.loss_ms > 0:
+        if gave_up.is_set():
+            pass  # the encoder or the source failed every frame: nothing to stream, the report says why
+        elif config.loss_ms > 0:
             await asyncio.sleep(config.loss_at_s)
             loss_from = time.monotonic()
             sent_before_loss = pipeline.stats().frames
@@ -315,7 +325,8 @@ async def run_selftest(config: SelftestConfig = SelftestConfig(), *, mangle: Man
             loss_end_ms = loss_start_ms + config.loss_ms
             # a frame rendered after the window is decoded a frame interval or more after it ends
             receiver.watch_after_ms = loss_end_ms + 1000.0 / config.fps
-        await asyncio.sleep(max(0.0, first + config.seconds - time.monotonic()))
+        if not gave_up.is_set():
+            await asyncio.sleep(max(0.0, first + config.seconds - time.monotonic()))
         if loss_end_ms is not None:  # give recovery its full allowance, no more (the tally decides)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(receiver.recovered.wait(), config.recover_within_ms / 1000.0)
@@ -334,7 +345,7 @@ async def run_selftest(config: SelftestConfig = SelftestConfig(), *, mangle: Man
     await asyncio.to_thread(check_all)
     rtx = peer.retransmits
     counts = _Counts(stats.frames, sent_before_loss, receiver.dropped, rtx.sent, rtx.repeated + rtx.over_budget,
-                     keyframe_requests)
+                     keyframe_requests, stats.encode_errors)
     return _report(config, tally, counts, stats.encoder, backend.webrtc_codec, loss_start_ms, loss_end_ms,
                    time.monotonic() - started, failed)
 
@@ -347,6 +358,7 @@ class _Counts:
     retransmitted: int
     rtx_skipped: int
     keyframe_requests: int
+    encoder_errors: int
 
 
 def _report(cfg: SelftestConfig, tally: FrameTally, n: _Counts, encoder: str, codec: str,
@@ -370,7 +382,7 @@ def _report(cfg: SelftestConfig, tally: FrameTally, n: _Counts, encoder: str, co
         problems.append(f"no good frame within {cfg.recover_within_ms} ms of the loss window's end")
     return SelftestReport(
         ok=not problems, reason="; ".join(problems), encoder=encoder, codec=codec, frames_sent=n.sent,
-        frames_sent_before_loss=before, retransmit_skipped=n.rtx_skipped,
+        frames_sent_before_loss=before, retransmit_skipped=n.rtx_skipped, encoder_errors=n.encoder_errors,
         frames_checked=tally.checked, corrupt_frames=tally.corrupt, recovering_frames=tally.recovering,
         missing_frames=len(tally.missing()), unexplained_missing=unexplained, psnr_min_db=lo, psnr_p50_db=mid,
         packets_dropped=n.dropped, retransmitted=n.retransmitted, keyframe_requests=n.keyframe_requests,
@@ -428,7 +440,8 @@ def format_report(r: SelftestReport) -> str:
     """The figures an operator reads (``render-node selftest``)."""
     lines = [
         f"selftest: {'PASSED' if r.ok else 'FAILED'} ({r.encoder}, {r.codec}, {r.seconds:g} s)",
-        f"  frames sent {r.frames_sent}, checked good {r.frames_checked}, corrupt {r.corrupt_frames} (goal 0)",
+        f"  frames sent {r.frames_sent}, checked good {r.frames_checked}, corrupt {r.corrupt_frames} (goal 0); "
+        f"encoder errors {r.encoder_errors}",
         f"  loss window: {r.packets_dropped} RTP packets dropped; {r.retransmitted} retransmitted on NACK, "
         f"{r.retransmit_skipped} not (limiter); {r.keyframe_requests} keyframe request(s)",
         f"  while recovering: {r.recovering_frames} frames decoded without their references (not shown by a "
