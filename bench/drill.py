@@ -1,7 +1,7 @@
 """Stability drills: inject a fault into a running local fleet and print what fired, what drained,
 the sessions lost and the time to detect.
 
-    python bench/drill.py [--drill node-killed|hot-gpu|encoder-failing|broker-killed|all] [--json]
+    python bench/drill.py [--drill node-killed|hot-gpu|vram-leak|encoder-failing|broker-killed|all] [--json]
 
 The lab (all on this machine, all real): a redis-server on a free port, two broker replicas
 (``python -m broker serve``) sharing it and one SQLite file, short leases (host lease 3 s, nodes
@@ -16,6 +16,8 @@ Drills (run in this order by ``all``; broker-killed last, as it takes a replica 
   down (its lease expires); its sessions end ``host_lost`` (expected); the other node's must not.
 - ``hot-gpu``: the victim's GPU reading says 95 C (``NodeAgent.read_gpus`` replaced, as NVML would
   report it); its watchdog drains the host at the next heartbeat.  Its sessions keep running.
+- ``vram-leak``: the victim's GPU memory reading grows by 3 GiB while its session count stays the
+  same (a session or the driver leaking); its watchdog drains the host.
 - ``encoder-failing``: the victim's encoder raises on every frame; its stream self-test (run now,
   as its interval would; the victim is idle) fails and the watchdog drains the host.
 - ``broker-killed``: SIGKILL one broker replica; the other serves on (nodes heartbeat to it, users
@@ -58,7 +60,7 @@ from broker.embedded import free_port
 from streamer.node.agent import NodeAgent
 from streamer.node.settings import NodeSettings
 
-DRILLS = ("node-killed", "hot-gpu", "encoder-failing", "broker-killed")
+DRILLS = ("node-killed", "hot-gpu", "vram-leak", "encoder-failing", "broker-killed")
 LEASE_S = 3.0  # the brokers' host lease: a killed node is down within this (+ a reaper pass)
 HEARTBEAT_S = 0.5
 POLL_S = 0.1
@@ -323,6 +325,31 @@ async def drill_hot_gpu(lab: Lab) -> DrillResult:
     return res
 
 
+async def drill_vram_leak(lab: Lab) -> DrillResult:
+    pool = "d-leak"
+    await lab.pool(pool)
+    victim, other = "leak-victim", "leak-other"
+    agent = await lab.node_agent(victim, pool, lab.urls[1])
+    lab.node_process(other, pool, lab.urls[1])
+    await lab.wait_hosts_up([victim, other])
+    placed = await _placed(lab, await lab.seat(pool, 2 * SEATS, "leak"))
+    res = DrillResult("vram-leak", victim, pool)
+    real = agent.read_gpus
+    readings = 0
+
+    async def leaking() -> list[dict[str, Any]]:  # NVML's memory reading: 1 GiB, then 4 GiB, sessions unchanged
+        nonlocal readings
+        readings += 1
+        used = 1024.0 if readings == 1 else 4096.0
+        return [{**row, "vram_used_mb": used, "vram_total_mb": 24_576.0} for row in await real()]
+
+    agent.read_gpus = leaking  # type: ignore[method-assign]
+    res.detect_s = round(await lab.until(lambda: _state_is(lab, victim, "draining"), "leaking node not drained"), 2)
+    res.detected = f"host {victim} draining (its watchdog)"
+    await lab.tally(res, placed, lab.urls[0])
+    return res
+
+
 class FailingEncoder:
     """The host's encoder gone bad: every frame raises, as a wedged NVENC session or a broken driver would."""
 
@@ -381,7 +408,8 @@ async def drill_broker_killed(lab: Lab) -> DrillResult:
 
 
 RUNNERS: dict[str, Callable[[Lab], Awaitable[DrillResult]]] = {
-    "node-killed": drill_node_killed, "hot-gpu": drill_hot_gpu, "encoder-failing": drill_encoder_failing,
+    "node-killed": drill_node_killed, "hot-gpu": drill_hot_gpu, "vram-leak": drill_vram_leak,
+    "encoder-failing": drill_encoder_failing,
     "broker-killed": drill_broker_killed,
 }
 
