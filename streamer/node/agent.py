@@ -59,6 +59,8 @@ from streamer.node.watchdog import Limits
 
 log = logging.getLogger(__name__)
 
+DRAIN_REASON_MAX = 200  # the broker refuses longer drain reasons (broker/http/api.py DRAIN_REASON_MAX)
+
 RETRY_MAX_S = 5.0  # backoff cap for broker reconnects
 
 
@@ -229,9 +231,9 @@ class NodeAgent:
                     await asyncio.wait_for(self._session_gone.wait(), left)
         self.stop()
 
-    async def _watch(self, gpus: list[dict[str, Any]]) -> None:
+    async def _watch(self, gpus: list[dict[str, Any]], encoder_errors: int = 0) -> None:
         """One watchdog step on this heartbeat's figures; a drain/undrain goes to the broker with its reason."""
-        decision = self.health.step(gpus, len(self.sessions), int(time.time() * 1000))
+        decision = self.health.step(gpus, len(self.sessions), int(time.time() * 1000), encoder_errors)
         if decision.action in ("drain", "undrain") and not self._shutting_down:
             await self.set_drained(decision.action == "drain", f"watchdog: {decision.reason}")
 
@@ -252,7 +254,13 @@ class NodeAgent:
             self._ended_counts["encoder_errors"] += report.encoder_errors
 
     async def set_drained(self, drained: bool, reason: str) -> bool:
-        """Ask the broker to drain (no new sessions) or undrain this host; False when it did not answer yes."""
+        """Ask the broker to drain (no new sessions) or undrain this host; False when it did not answer yes.
+
+        A reason over the broker's limit (several watchdog problems at once) is cut to it, so the drain
+        still happens (the whole reason is in the node's log).
+        """
+        if len(reason) > DRAIN_REASON_MAX:
+            reason = reason[: DRAIN_REASON_MAX - 3] + "..."
         path = f"/hosts/{self.host_id}/{'drain' if drained else 'undrain'}"
         try:
             async with self.http.post(self._url(path), json={"reason": reason}, headers=self._auth()) as r:
@@ -388,7 +396,7 @@ class NodeAgent:
         body: dict[str, Any] = {"gpus": gpus, "sessions": sessions}
         for k, ended in self._ended_counts.items():  # the node's counters: sessions gone + live ones
             body[f"{k}_total"] = ended + sum(int(e.get(k) or 0) for e in sessions)
-        await self._watch(gpus)
+        await self._watch(gpus, int(body["encoder_errors_total"]))
         async with self.http.put(self._url(f"/hosts/{self.host_id}/heartbeat"), json=body,
                                  headers=self._auth()) as r:
             data = await r.json()

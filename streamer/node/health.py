@@ -59,10 +59,12 @@ class NodeHealth:
             await asyncio.sleep(LAG_TICK_S)
             self.worst_lag_ms = max(self.worst_lag_ms, (loop.time() - due) * 1000.0)
 
-    def step(self, gpus: Sequence[dict[str, Any]], sessions: int, now_ms: int) -> Decision:
-        """One watchdog decision from this heartbeat's figures (the lag window restarts)."""
+    def step(self, gpus: Sequence[dict[str, Any]], sessions: int, now_ms: int, encoder_errors: int = 0) -> Decision:
+        """One watchdog decision from this heartbeat's figures (the lag window restarts);
+        ``encoder_errors``: the node's cumulative count."""
         sample = Sample(gpus=gpus, sessions=sessions, session_failures=self.session_failures,
-                        loop_lag_ms=self.worst_lag_ms, selftest_failure=self.selftest_failure)
+                        loop_lag_ms=self.worst_lag_ms, selftest_failure=self.selftest_failure,
+                        encoder_errors=encoder_errors)
         self.worst_lag_ms = 0.0
         if not self.enabled:
             return Decision("none", "")

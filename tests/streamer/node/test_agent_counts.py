@@ -59,3 +59,28 @@ async def test_heartbeat_counts_reach_the_broker_and_outlive_their_session(aioht
     finally:
         agent.stop()
         await asyncio.wait_for(run, 30)
+
+
+async def test_a_drain_reason_over_the_brokers_limit_still_drains_cut_to_it(aiohttp_client, settings_factory,
+                                                                           clock) -> None:
+    from broker.app import create_app
+    from broker.http.api import DRAIN_REASON_MAX
+
+    api = await aiohttp_client(create_app(settings_factory(), clock=clock))
+    assert (await api.put("/api/v1/pools/p1", json={}, headers=auth(ADMIN))).status == 201
+    agent = NodeAgent(NodeSettings(broker_url=str(api.make_url("")), node_token=NODE, host_id="c2", pool="p1",
+                                   seats=1, heartbeat_interval_s=3600, watchdog=False))
+    run = asyncio.create_task(agent.run())
+    try:
+        await asyncio.wait_for(agent.registered.wait(), 30)
+        reason = "watchdog: " + "; ".join(f"gpu_hot: GPU {i} at 95 C (limit 90 C)" for i in range(8))
+        assert len(reason) > DRAIN_REASON_MAX
+        assert await agent.set_drained(True, reason)
+        host = await (await api.get("/api/v1/hosts/c2", headers=auth(ADMIN))).json()
+        assert host["state"] == "draining"
+        entries = (await (await api.get("/api/v1/audit?action=host.drain", headers=auth(ADMIN))).json())["entries"]
+        kept = entries[0]["detail"]["reason"]
+        assert len(kept) == DRAIN_REASON_MAX and kept.endswith("...") and reason.startswith(kept[:-3])
+    finally:
+        agent.stop()
+        await asyncio.wait_for(run, 30)

@@ -119,3 +119,15 @@ def test_a_failed_selftest_drains_and_a_passing_one_lets_the_host_undrain() -> N
     action, _, st = run(st, sample(sessions=0), 10_000)  # a passing run cleared it: the hold starts
     action, _, st = run(st, sample(sessions=0), 310_000)
     assert action == "undrain"
+
+
+def test_encoder_errors_between_two_heartbeats_drain_the_first_count_is_a_baseline() -> None:
+    def errs(n: int) -> Sample:
+        return Sample(gpus=[gpu()], sessions=2, session_failures=0, loop_lag_ms=5, encoder_errors=n)
+
+    action, _, st = run(WatchdogState(), errs(500), 0)  # a node restarted with a history: the baseline
+    assert action == "none"
+    action, _, st = run(st, errs(529), 5_000)  # 29 new: under the limit
+    assert action == "none"
+    action, reason, st = run(st, errs(559), 10_000)
+    assert (action, reason) == ("drain", "encoder_errors: 30 encoder error(s) since the last heartbeat (limit 30)")
