@@ -16,9 +16,11 @@ loop, so two scrapes never interleave their updates.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 from broker.models import CANDIDATE_TYPES
 
@@ -50,12 +52,48 @@ STREAM_QUANTILES: dict[str, tuple[str, str, str, float]] = {
     "rtt": ("render_broker_stream_rtt_seconds", "Viewer round-trip time, seconds", "rtt_ms", 1000.0),
     "jitter": ("render_broker_stream_jitter_seconds", "Viewer-reported jitter, seconds", "jitter_ms", 1000.0),
     "loss": ("render_broker_stream_loss_ratio", "Viewer-reported packet loss, 0..1", "loss", 1.0),
+    "first_frame": ("render_broker_stream_first_frame_seconds",
+                    "Time to first frame: the first viewer offer answered -> the first frame a viewer decoded, "
+                    "seconds (sessions whose viewer reports decoded frames)", "first_frame_ms", 1000.0),
 }
 # the low tail matters for delivered frames, the high tail for times and loss
 STREAM_QUANTILE_LABELS: dict[str, tuple[str, ...]] = {
     "fps_ratio": ("0.05", "0.5"), "encode": ("0.5", "0.95"), "rtt": ("0.5", "0.95"), "jitter": ("0.5", "0.95"),
-    "loss": ("0.5", "0.95"),
+    "loss": ("0.5", "0.95"), "first_frame": ("0.5", "0.95"),
 }
+
+# heartbeat field (a node-cumulative count, reset only when the node restarts) -> (counter, help)
+HOST_COUNTERS: dict[str, tuple[str, str]] = {
+    "freezes_total": ("render_broker_stream_freezes",
+                      "Stream freezes (the picture stood still 200 ms or more) of the sessions a node ran, "
+                      "counted by the node since it started"),
+    "encoder_errors_total": ("render_broker_encoder_errors",
+                             "Encoder errors (frames the encoder failed on, encoders that failed to open) of the "
+                             "sessions and stream self-tests a node ran, counted by the node since it started"),
+}
+
+
+class HostCounters:
+    """Counters a node keeps and reports in each heartbeat, exported per pool and host as they stand.
+
+    The node owns the count (monotonic while it runs, reset by a restart: Prometheus' counter
+    semantics), so every replica exports the same figure for a host; ``rate()`` over it is the
+    host's rate.  A host whose lease expired exports nothing (its last figure is stale).
+    """
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, dict[str, Any]]] = []  # (pool, host, last telemetry)
+
+    def describe(self) -> list[CounterMetricFamily]:
+        return [CounterMetricFamily(name, doc, labels=["pool", "host"]) for name, doc in HOST_COUNTERS.values()]
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        for field, (name, doc) in HOST_COUNTERS.items():
+            family = CounterMetricFamily(name, doc, labels=["pool", "host"])
+            for pool, host, tel in self.rows:
+                if tel.get(field) is not None:
+                    family.add_metric([pool, host], float(tel[field]))
+            yield family
 
 
 def stream_value(session: dict[str, Any], field: str) -> float | None:
@@ -102,6 +140,8 @@ class Metrics:
         self.stream_bitrate = Gauge("render_broker_stream_bits_per_second",
                                     "Video sent to viewers per pool (sum of the sessions' measured send rate)",
                                     ["pool"], registry=r)
+        self.host_counters = HostCounters()
+        r.register(self.host_counters)
         self.gpu = {f: Gauge(name, doc, GPU_LABELS, registry=r) for f, (name, doc, _scale) in GPU_GAUGES.items()}
         self.gpu_vram_total = Gauge("render_broker_gpu_vram_total_bytes",
                                     "GPU memory, bytes (NVML's figure, else the registered size)", GPU_LABELS,
@@ -131,9 +171,11 @@ class Metrics:
         for g in (self.streams, self.stream_paths, self.stream_bitrate, *self.stream.values()):
             g.clear()
         by_pool: dict[str, list[dict[str, Any]]] = {}
+        self.host_counters.rows = []
         for h in hosts:
             if h.get("alive") is False:
                 continue  # an expired lease's figures are stale
+            self.host_counters.rows.append((h.get("pool") or "", h["id"], h.get("telemetry") or {}))
             by_pool.setdefault(h.get("pool") or "", []).extend((h.get("telemetry") or {}).get("sessions", []))
         for pool, sessions in by_pool.items():
             self.streams.labels(pool).set(len(sessions))

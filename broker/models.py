@@ -114,6 +114,8 @@ GPU_SCHEMA: Final = {
 }
 
 CANDIDATE_TYPES: Final = ("host", "srflx", "relay")
+MAX_COUNT: Final = 2**53  # cumulative counters stay exact in JSON numbers (and Lua's doubles)
+MAX_FIRST_FRAME_MS: Final = 3_600_000.0  # an hour: anything longer is a broken clock, not a slow start
 
 SESSION_TELEMETRY_SCHEMA: Final = {
     "id": Field("str", required=True, max_length=64),
@@ -135,6 +137,14 @@ SESSION_TELEMETRY_SCHEMA: Final = {
     "candidate": Field("str", nullable=True, choices=CANDIDATE_TYPES,
                        description="how the viewer's media travels: host (direct), srflx (through a NAT) "
                                    "or relay (TURN)"),
+    "freezes": Field("int", nullable=True, minimum=0, maximum=MAX_COUNT,
+                     description="freezes so far: the picture stood still 200 ms or more (3 frame intervals at "
+                                 "low rates), as the viewer's decoded frames or the node's sent frames show"),
+    "encoder_errors": Field("int", nullable=True, minimum=0, maximum=MAX_COUNT,
+                            description="frames the encoder failed on and encoders that failed to open, so far"),
+    "first_frame_ms": Field("number", nullable=True, minimum=0, maximum=MAX_FIRST_FRAME_MS,
+                            description="time to first frame: the first viewer offer answered -> the first frame "
+                                        "a viewer reported decoded, ms"),
 }
 
 GPU_TELEMETRY_SCHEMA: Final = {
@@ -160,6 +170,11 @@ HEARTBEAT_SCHEMA: Final = {
     "sessions": Field("array", default=[], items=Field("object", schema=SESSION_TELEMETRY_SCHEMA),
                       max_items=1024),
     "cpu_percent": Field("number", nullable=True, minimum=0, maximum=100_000),
+    "freezes_total": Field("int", nullable=True, minimum=0, maximum=MAX_COUNT,
+                           description="freezes of every session this node ran since it started (a counter)"),
+    "encoder_errors_total": Field("int", nullable=True, minimum=0, maximum=MAX_COUNT,
+                                  description="encoder errors of every session this node ran since it started "
+                                              "(a counter)"),
 }
 
 PROFILE_SCHEMA: Final = {

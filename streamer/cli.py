@@ -1,4 +1,5 @@
-"""``render-node``: run the node agent, print this machine's encoder probe table, or check what the host will do."""
+"""``render-node``: run the node agent, print this machine's encoder probe table, check what the host will do,
+or run the stream self-test."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from streamer.node.settings import NodeSettings
 
         return doctor_main(argv[1:], software_seats=NodeSettings().seats)
+    if argv[:1] == ["selftest"]:
+        from streamer.node.selftest import main as selftest_main
+
+        return selftest_main(argv[1:])
     from streamer.node.settings import load
 
     settings = load(argv, os.environ)

@@ -11,6 +11,7 @@ import { HostState, PoolKind, Role, SessionState } from "./protocol.js";
 import {
   $, ApiError, api, el, fmtAgo, fmtBitrate, fmtDuration, fmtMiB, fmtNum, fmtTime, problemText, render, tokenStore,
 } from "./common.js";
+import { perMinute } from "./calc.js";
 import { lineChart } from "./charts.js";
 import { scalingCard } from "./scaling.js";
 import { showProblem, toast } from "./ui.js";
@@ -463,9 +464,13 @@ async function renderRollouts() {
 
 function healthRow(label, h) {
   if (!h) return null;
-  const ff = Number.isFinite(h.first_frame_ms_p50) ? `${Math.round(h.first_frame_ms_p50)} ms` : "–";
+  // seated -> first decoded frame where nodes report it, else seated -> running (what the judge compares)
+  const viewer = Number.isFinite(h.viewer_first_frame_ms_p50);
+  const ffMs = viewer ? h.viewer_first_frame_ms_p50 : h.first_frame_ms_p50;
+  const ff = Number.isFinite(ffMs) ? `${Math.round(ffMs)} ms${viewer ? "" : " (start)"}` : "–";
   return el("tr", {}, el("th", { scope: "row" }, label), el("td", {}, fmtNum(h.sessions)),
     el("td", {}, `${h.start_failed} (${h.start_failure_pct} %)`), el("td", {}, `${h.crashed} (${h.crash_pct} %)`),
+    el("td", {}, perMinute(h.freezes, h.reported_minutes)), el("td", {}, perMinute(h.encoder_errors, h.reported_minutes)),
     el("td", {}, ff));
 }
 
@@ -493,7 +498,8 @@ function rolloutCard(pool, r) {
       : el("p", { class: "muted small" }, "Not judged yet."),
     last && last.candidate ? el("table", { class: "small" },
       el("thead", {}, el("tr", {}, el("th", {}, ""), el("th", {}, "sessions"), el("th", {}, "start failures"),
-        el("th", {}, "crashes"), el("th", {}, "first frame p50"))),
+        el("th", {}, "crashes"), el("th", {}, "freezes/min"), el("th", {}, "encoder errors/min"),
+        el("th", {}, "first frame p50"))),
       el("tbody", {}, healthRow(`candidate ${p.candidate_version}`, last.candidate), healthRow("stable", last.stable))) : null,
     el("div", { class: "row" },
       button("promote", "Promote", ""),

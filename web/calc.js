@@ -85,3 +85,10 @@ export function rtpOffset(rtpTimestamp, stampMs) {
   if (typeof rtpTimestamp !== "number") return null;
   return (((rtpTimestamp - stampMs * RTP_VIDEO_CLOCK_PER_MS) % RTP_WRAP) + RTP_WRAP) % RTP_WRAP;
 }
+
+// A canary class's count per running minute of the sessions whose nodes reported it (the rollout
+// judge's rate, broker/rollout/policy.py ClassHealth.per_min), 2 decimals; "–" when nobody reported it.
+export function perMinute(count, minutes) {
+  if (!Number.isFinite(count)) return "–";
+  return minutes > 0 ? (count / minutes).toFixed(2) : "0.00";
+}

@@ -19,9 +19,12 @@ the strictest comparison):
 2. Start-failure share over stable's by more than ``max_start_failure_pct`` points: rollback.
 3. Crash share (ended ``node_ended`` after starting) over stable's by more than ``max_crash_pct``: rollback.
 4. Freezes or encoder errors per session-minute over stable's by more than their limits (only when
-   both classes report them): rollback.
-5. Median time to first frame (seated to running) over stable's x ``max_first_frame_ratio`` plus
-   ``first_frame_slack_ms`` (only when both classes have a figure): rollback.
+   both classes report them; the rate is over the running minutes of the sessions that reported
+   counts: live sessions, from their node's last heartbeat): rollback.
+5. Median time to first frame over stable's x ``max_first_frame_ratio`` plus ``first_frame_slack_ms``
+   (only when both classes have a figure): rollback.  Time to first frame is seated -> running plus
+   the node's report of the first viewer offer -> the first frame a viewer decoded, where nodes
+   report it for both classes; else seated -> running alone.
 6. Younger than ``min_soak_s``: hold (soaking).  Otherwise promote when ``auto_promote``, else hold
    for an admin's word.
 
@@ -137,6 +140,7 @@ class SessionOutcome:
     end_reason: str = ""
     freezes: int | None = None  # node-reported counts (live sessions' last heartbeat), None = not reported
     encoder_errors: int | None = None
+    first_frame_ms: float | None = None  # node-reported first offer -> first decoded frame, None = not reported
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,10 @@ class ClassHealth:
     freezes: int | None = None
     encoder_errors: int | None = None
     first_frame_ms_p50: float | None = None  # median seated -> running, ms
+    reported_minutes: float = 0.0  # running minutes of the sessions that reported freeze/encoder-error counts
+    # median seated -> running + first offer -> first decoded frame, over the sessions whose node reports it
+    viewer_first_frame_ms_p50: float | None = None
+    viewer_first_frame_sessions: int = 0
 
     def pct(self, n: int, of: int) -> float:
         return 100.0 * n / of if of else 0.0
@@ -164,9 +172,10 @@ class ClassHealth:
         return self.pct(self.crashed, self.started)
 
     def per_min(self, count: int | None) -> float | None:
+        """``count`` per running minute of the sessions that reported it (None: nobody reported)."""
         if count is None:
             return None
-        return count / self.session_minutes if self.session_minutes > 0 else 0.0
+        return count / self.reported_minutes if self.reported_minutes > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "start_failure_pct": round(self.start_failure_pct, 2),
@@ -176,18 +185,25 @@ class ClassHealth:
 def health_of(rows: Iterable[SessionOutcome], now_ms: int) -> ClassHealth:
     """Aggregate one class's sessions; a live session's running time counts up to ``now_ms``."""
     sessions = start_failed = started = crashed = 0
-    minutes = 0.0
+    minutes = reported = 0.0
     freezes: int | None = None
     errors: int | None = None
     first: list[int] = []
+    viewer_first: list[float] = []
     for r in rows:
+        run_min = 0.0
         if r.started_ms > 0:
             sessions += 1
             started += 1
             first.append(max(0, r.started_ms - r.seated_ms))
-            minutes += max(0, (r.ended_ms or now_ms) - r.started_ms) / 60_000.0
+            run_min = max(0, (r.ended_ms or now_ms) - r.started_ms) / 60_000.0
+            minutes += run_min
             if r.end_reason == END_NODE_ENDED:
                 crashed += 1
+            if r.first_frame_ms is not None:
+                viewer_first.append(max(0, r.started_ms - r.seated_ms) + r.first_frame_ms)
+        if r.freezes is not None or r.encoder_errors is not None:
+            reported += run_min
         elif r.end_reason == END_START_FAILED:
             sessions += 1
             start_failed += 1
@@ -196,7 +212,8 @@ def health_of(rows: Iterable[SessionOutcome], now_ms: int) -> ClassHealth:
         if r.encoder_errors is not None:
             errors = (errors or 0) + r.encoder_errors
     return ClassHealth(sessions, start_failed, started, crashed, minutes, freezes, errors,
-                       float(statistics.median(first)) if first else None)
+                       float(statistics.median(first)) if first else None, reported,
+                       float(statistics.median(viewer_first)) if viewer_first else None, len(viewer_first))
 
 
 def split_health(rows: Iterable[SessionOutcome], candidate_version: str,
@@ -246,13 +263,17 @@ def judge(policy: RolloutPolicy, candidate: ClassHealth, stable: ClassHealth, el
             return Verdict(Action.ROLLBACK, reason,
                            f"candidate {reason.value} {c_rate:.2f}/min vs stable {s_rate:.2f}/min, "
                            f"limit +{limit:g}/min")
-    c_ff = candidate.first_frame_ms_p50
-    s_ff = stable.first_frame_ms_p50 if stable.sessions >= policy.min_sessions else None
+    c_ff, s_ff, what = candidate.viewer_first_frame_ms_p50, stable.viewer_first_frame_ms_p50, \
+        "seated -> first decoded frame"
+    if c_ff is None or s_ff is None:  # a class without the node's figure: both on seated -> running
+        c_ff, s_ff, what = candidate.first_frame_ms_p50, stable.first_frame_ms_p50, "seated -> running"
+    if stable.sessions < policy.min_sessions:
+        s_ff = None
     if c_ff is not None and s_ff is not None:
         ceiling = s_ff * policy.max_first_frame_ratio + policy.first_frame_slack_ms
         if c_ff > ceiling:
             return Verdict(Action.ROLLBACK, Reason.SLOW_FIRST_FRAME,
-                           f"candidate median time to first frame {c_ff:.0f} ms vs stable {s_ff:.0f} ms "
+                           f"candidate median time to first frame ({what}) {c_ff:.0f} ms vs stable {s_ff:.0f} ms "
                            f"(ceiling {ceiling:.0f} ms)")
     if elapsed_s < policy.min_soak_s:
         return Verdict(Action.HOLD, Reason.SOAKING,

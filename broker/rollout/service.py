@@ -15,7 +15,7 @@ One pass per pool with a rollout (`Rollouts.evaluate_pool`), like the autoscaler
   2. reconcile the Redis split with SQL;
   3. active: gather the window's session outcomes (SQL history with the host version each ran
      on, plus the live sessions of the pool's hosts and their last heartbeat's freeze / encoder
-     error counts where nodes report them), ``judge``, then apply: rollback = drain every up
+     error counts and time to first frame where nodes report them), ``judge``, then apply: rollback = drain every up
      host of the candidate version with the reason (each drain audited as ``host.drain``), share
      0 (seatings avoid the candidate), state rolled_back, ``rollout.rollback`` audited, the
      ``render_broker_rollout_rolled_back`` gauge (alert ``RenderBrokerCanaryRolledBack``);
@@ -231,7 +231,7 @@ class Rollouts:
                 continue
             rep = reported.get(s["id"], {})
             out.append(SessionOutcome(s.get("host_version", ""), s["seated_ms"], s["started_ms"], 0, "",
-                                      rep.get("freezes"), rep.get("encoder_errors")))
+                                      rep.get("freezes"), rep.get("encoder_errors"), rep.get("first_frame_ms")))
         return out
 
     async def evaluate_pool(self, row: dict[str, Any]) -> Verdict | None:

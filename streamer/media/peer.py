@@ -142,6 +142,7 @@ from rbcommon.ice import advertise_host_addresses
 from rbcommon.udpports import NoFreePort, PortRange
 from streamer.desktop.inputs import ProbeAck, parse_input
 from streamer.desktop.inputsink import InputRouter
+from streamer.media.freezes import freeze_threshold_ms
 from streamer.media.probe import LOOP_TICK_MS, PROBE_INTERVAL_MS, LoopLateness, ProbeSample, ProbeTracker
 from streamer.media.rtx import RetransmitCounters, RetransmitLimiter
 
@@ -149,7 +150,7 @@ log = logging.getLogger(__name__)
 
 # Packets kept to answer NACKs from: 1.4 s at 7 Mbps, as libwebrtc keeps about a second.
 RETRANSMIT_HISTORY_PACKETS: Final = 1_024
-aiortc_sender.RTP_HISTORY_SIZE = max(aiortc_sender.RTP_HISTORY_SIZE, RETRANSMIT_HISTORY_PACKETS)
+aiortc_sender.RTP_HISTORY_SIZE = max(aiortc_sender.RTP_HISTORY_SIZE, RETRANSMIT_HISTORY_PACKETS)  # type: ignore[attr-defined]
 
 # H.264 packetization-mode=1 profiles aiortc offers, in our order of preference:
 # the encoder emits constrained baseline (42e01f), which is also valid baseline (42001f).
@@ -844,6 +845,20 @@ class ViewerPeer:
         if early:
             self.early_candidates += 1
         return True
+
+    @property
+    def viewer_freezes(self) -> int:
+        """Freezes the viewer's decoded-frame count showed (probe answers with ``fd``; 0 without them)."""
+        return self._probes.freezes
+
+    @property
+    def first_decoded_ms(self) -> float | None:
+        """When (node monotonic ms) the viewer first reported a decoded frame; None: not (yet) reported."""
+        return self._probes.first_decoded_ms
+
+    def set_frame_rate(self, fps: float) -> None:
+        """The frame rate sent now: a viewer freeze is a standstill of ``freeze_threshold_ms(fps)``."""
+        self._probes.freeze_threshold_ms = freeze_threshold_ms(fps)
 
     def candidate_type(self) -> str | None:
         """The path the media takes (`path_kind` of the nominated pair), or None before ICE nominates one.

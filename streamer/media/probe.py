@@ -33,7 +33,10 @@ Invariants:
   - ``take`` reports a receive rate only over at least ``RECV_RATE_MIN_SPAN_MS`` of the
     viewer's clock, from a sample that arrived within ``RECV_RATE_WINDOW_MS``;
   - ``take`` reports a stall only while at least ``STALL_MIN_PACKETS`` packets arrived after
-    the viewer's last decoded frame (an idle stream is no stall).
+    the viewer's last decoded frame (an idle stream is no stall);
+  - ``freezes`` counts the viewer's freezes (``streamer.media.freezes``): its decoded-frame count
+    standing still for ``freeze_threshold_ms`` of its own clock, from its first decoded frame on
+    (the wait for the first frame is ``first_decoded_ms``, not a freeze).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from typing import Any, Final
 
 from broker.protocol import NodeEventType
 from streamer.desktop.inputs import PING_MAX_ID, ProbeAck
+from streamer.media.freezes import FREEZE_MIN_MS, FreezeCounter
 
 # One probe each 25 ms: four per 100 ms control period, whose lowest round trip is the sample
 # (streamer.abr.bitrate calibrates its noise threshold on the lowest of 4 on a jittery path).
@@ -110,6 +114,9 @@ class ProbeTracker:
         self._decoded_at: tuple[float, int] | None = None
         self._decoded: int | None = None
         self._newest: tuple[float, int] | None = None  # newest (viewer ms, packets) with a frame count
+        self._viewer_freezes = FreezeCounter()  # on the viewer's clock, from its first decoded frame
+        self.freeze_threshold_ms = FREEZE_MIN_MS  # the peer sets it from the frame rate
+        self.first_decoded_ms: float | None = None  # node ms of the first answer with a decoded frame
 
     def probe(self, now_ms: float) -> dict[str, Any]:
         """The next probe message to send at ``now_ms``; forgets probes too old to count."""
@@ -143,16 +150,32 @@ class ProbeTracker:
             self._rx_arrived_ms = now_ms
             while self._rx[0][0] < ack.rx_ms - RECV_RATE_WINDOW_MS:
                 self._rx.popleft()
-            self._count_frames(ack, went_back)
+            self._count_frames(ack, went_back, now_ms)
         return True
 
-    def _count_frames(self, ack: ProbeAck, went_back: bool) -> None:
+    @property
+    def freezes(self) -> int:
+        """Freezes the viewer's decoded-frame count showed so far (0 without ``fd`` in its answers)."""
+        return self._viewer_freezes.freezes
+
+    def _count_frames(self, ack: ProbeAck, went_back: bool, now_ms: float) -> None:
         if ack.frames_decoded is None:
             return
-        if self._decoded is None or went_back or ack.frames_decoded != self._decoded:
+        moved = self._decoded is None or went_back or ack.frames_decoded != self._decoded
+        if moved:
             self._decoded = ack.frames_decoded
             self._decoded_at = (ack.rx_ms, ack.rx_packets)
         self._newest = (ack.rx_ms, ack.rx_packets)
+        if ack.frames_decoded <= 0:
+            return  # nothing decoded yet: waiting for the first frame is no freeze
+        if self.first_decoded_ms is None:
+            self.first_decoded_ms = now_ms
+        if went_back:
+            self._viewer_freezes.reset()
+        if moved:
+            self._viewer_freezes.frame(ack.rx_ms, self.freeze_threshold_ms)
+        else:
+            self._viewer_freezes.idle(ack.rx_ms, self.freeze_threshold_ms)
 
     def take(self, now_ms: float) -> ProbeSample:
         """This period's figures; starts the next period."""

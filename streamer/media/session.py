@@ -388,6 +388,10 @@ class SessionRuntime:
         self._retransmit_bps = 0  # retransmission rate over the send-rate window
         self._keyframe_requests = 0
         self._stall_keyframes = 0
+        self._viewer_freezes = 0  # freezes earlier viewers' probe answers showed (the current one's: its peer)
+        self._encoder_open_errors = 0  # encoders that failed to open for a new rung or codec
+        self._first_offer_ms: float | None = None  # monotonic ms the first viewer's offer was answered
+        self._first_frame_ms: float | None = None  # that offer -> the viewer's first decoded frame, ms
         self._stall_keyframe_s: float | None = None  # monotonic seconds of the last one
         self._playout: playout_policy.PlayoutDecision | None = None  # the current viewer's, once decided
         # Telemetry of every control step (all viewers of the session): the newest records and
@@ -502,6 +506,12 @@ class SessionRuntime:
             "bitrate_keyframes": 0,  # keyframes caused by bitrate changes the codec could not follow live
             "keyframe_requests": self._keyframe_requests,  # PLI/FIR received
             "stall_keyframes": self._stall_keyframes,  # sent because the viewer's picture froze (probes)
+            # freezes (streamer.media.freezes): the larger of the frame thread's send gaps and the
+            # viewers' decoded-frame standstills (a send gap shows on the viewer too: never summed)
+            "freezes": self._viewer_freezes + (self._peer.viewer_freezes if self._peer is not None else 0),
+            "encoder_errors": self._encoder_open_errors,  # frames the encoder raised on + encoders that failed to open
+            # the first offer answered -> the first frame a viewer decoded (probe answers' "fd"), ms; None: unknown
+            "first_frame_ms": self._first_frame(),
             # NACKed packets of the current viewer: retransmitted, skipped as repeated within an RTT
             # or over the retransmission budget (streamer.media.rtx)
             "retransmits": asdict(self._peer.retransmits) if self._peer is not None else None,
@@ -557,6 +567,8 @@ class SessionRuntime:
                 height=p.height,
                 skipped_backpressure=p.skipped_backpressure,
                 skipped_late=p.skipped_late,
+                freezes=max(p.freezes, out["freezes"]),
+                encoder_errors=p.encode_errors + self._encoder_open_errors,
             )
         if self._source is not None:
             out["grab_ms"] = round(self._source.stats().p50_ms, 3)
@@ -763,6 +775,9 @@ class SessionRuntime:
             code = exc.code if isinstance(exc, OfferError) else "bad_offer"
             return [_error(code, str(exc) or type(exc).__name__)]
         self._peer, self._track, self._controller = peer, track, controller
+        peer.set_frame_rate(controller.rung.fps)
+        if self._first_offer_ms is None:
+            self._first_offer_ms = time.monotonic() * 1000.0
         self._playout = None
         self._pipeline.attach(track)
         self._control_task = self._spawn(self._control_loop(peer, controller))
@@ -795,7 +810,9 @@ class SessionRuntime:
         peer, track = self._peer, self._track
         if peer is None:
             return
+        self._first_frame()  # keep the figure before the peer goes
         self._peer = self._track = None
+        self._viewer_freezes += peer.viewer_freezes
         if self._keyframe_timer is not None:
             self._keyframe_timer.cancel()
             self._keyframe_timer = None
@@ -964,6 +981,8 @@ class SessionRuntime:
                 "session %s: ladder %s -> %dx%d@%d (target %d bps)",
                 self.spec.id, step.ladder.reason.value, rung.width, rung.height, rung.fps, step.bitrate.target_bps,
             )  # fmt: skip
+            if self._peer is not None:
+                self._peer.set_frame_rate(rung.fps)
             await self._configure_encoder(self._pipeline.encoder.backend, rung, encoder_bps)
             self._encoder_bps = encoder_bps
         elif encoder_bps != self._encoder_bps:
@@ -984,6 +1003,14 @@ class SessionRuntime:
             self._remote["jitter_ms"] = round(bitrate_policy.jitter_ms_from_rtp(remote.report.jitter), 2)
         if fraction_lost is not None:
             self._remote["loss"] = round(fraction_lost / bitrate_policy.FRACTION_LOST_SCALE, 4)
+
+    def _first_frame(self) -> float | None:
+        """Time to first frame: the first offer answered -> the first frame a viewer reported decoded, ms."""
+        peer = self._peer
+        if self._first_frame_ms is None and self._first_offer_ms is not None and peer is not None \
+                and peer.first_decoded_ms is not None:
+            self._first_frame_ms = round(max(0.0, peer.first_decoded_ms - self._first_offer_ms), 1)
+        return self._first_frame_ms
 
     def _send_jitter_ms(self) -> float:
         """The node's own share of the viewer's jitter (``EncodedVideoTrack.send_jitter_ms``)."""
@@ -1021,7 +1048,11 @@ class SessionRuntime:
         if current.backend == backend and (cfg.width, cfg.height, cfg.fps) == (rung.width, rung.height, rung.fps):
             self._pipeline.set_bitrate(bitrate_bps)
             return
-        encoder = await self._open_encoder(backend, rung, bitrate_bps)
+        try:
+            encoder = await self._open_encoder(backend, rung, bitrate_bps)
+        except Exception:
+            self._encoder_open_errors += 1
+            raise
         if self._pipeline is None:  # stopped while the encoder opened
             encoder.close()
             return

@@ -54,6 +54,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from encoder import VideoEncoder
 from streamer.desktop.capture import FrameSource
+from streamer.media.freezes import FreezeCounter, freeze_threshold_ms
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +166,10 @@ class PipelineStats:
     # wall time per frame (grab or render + conversion + encode) over the frame interval, a moving
     # average over about LOAD_GAIN^-1 frames; 1 or more: frames start late (0: none made yet)
     load: float = 0.0
+    # frames handed to the track 200 ms or more (3+ intervals at low rates) after the previous one
+    # (streamer.media.freezes), since the pipeline started
+    freezes: int = 0
+    encode_errors: int = 0  # frames the encoder raised on (also counted in ``failures``)
 
 
 def merge_frame_packets(packets: list[av.Packet[Any]]) -> av.Packet[Any] | None:
@@ -220,6 +225,8 @@ class FramePipeline:
         self._skipped_backpressure = 0
         self._skipped_late = 0
         self._failures = 0
+        self._encode_errors = 0
+        self._freezes = FreezeCounter()  # gaps between frames handed to the current track
         self._grab_ms = 0.0
         self._encode_ms = 0.0
         self._load = 0.0
@@ -310,6 +317,8 @@ class FramePipeline:
             width=encoder.config.width,
             height=encoder.config.height,
             load=self._load,
+            freezes=self._freezes.freezes,
+            encode_errors=self._encode_errors,
         )
 
     def close(self) -> None:
@@ -372,6 +381,7 @@ class FramePipeline:
             if sink is not last_sink:
                 self._encoder.request_keyframe()  # a new viewer's decoder starts here
                 self._measure_since = time.monotonic() - period_s
+                self._freezes.reset()  # a new viewer's stream starts with its first frame
                 last_sink = sink
             try:
                 self._produce(sink, period_s)
@@ -390,7 +400,11 @@ class FramePipeline:
         t0 = time.perf_counter()
         frame = self._source.grab()
         t1 = time.perf_counter()
-        packet = merge_frame_packets(self._encoder.encode(frame))
+        try:
+            packet = merge_frame_packets(self._encoder.encode(frame))
+        except Exception:
+            self._encode_errors += 1
+            raise
         t2 = time.perf_counter()
         self._grab_ms = (t1 - t0) * 1000.0
         self._encode_ms = (t2 - t1) * 1000.0
@@ -399,7 +413,9 @@ class FramePipeline:
             return  # the encoder invariant says this does not happen; nothing to send
         sink.put(packet)
         self._frames += 1
-        self._delivered_at.append(time.monotonic())
+        delivered = time.monotonic()
+        self._delivered_at.append(delivered)
+        self._freezes.frame(delivered * 1000.0, freeze_threshold_ms(1.0 / period_s))
 
     def _fail(self, exc: BaseException) -> None:
         if self._on_failure is not None:

@@ -56,10 +56,13 @@ from streamer.media.session import RuntimeConfig, SessionRefused, SessionRuntime
 from streamer.node.gpus import GpuInfo, GpuTelemetry
 from streamer.node.health import NodeHealth
 from streamer.node.inventory import take_inventory
+from streamer.node.selftest import SelftestConfig, SelftestReport, SelftestRunner
 from streamer.node.settings import NodeSettings
 from streamer.node.watchdog import Limits
 
 log = logging.getLogger(__name__)
+
+DRAIN_REASON_MAX = 200  # the broker refuses longer drain reasons (broker/http/api.py DRAIN_REASON_MAX)
 
 RETRY_MAX_S = 5.0  # backoff cap for broker reconnects
 
@@ -127,8 +130,19 @@ class NodeAgent:
                                         healthy_hold_ms=int(settings.watchdog_healthy_hold_s * 1000)),
                                  enabled=settings.watchdog)
         self._shutting_down = False
+        # the stream self-test, on idle capacity only: no session live or starting
+        self.selftest = SelftestRunner(
+            SelftestConfig(encoder_preference=settings.encoder,
+                           advertise_addresses=tuple(settings.advertise_addresses) or ("127.0.0.1",)),
+            settings.selftest_interval_s,
+            idle=lambda: not self.sessions and not self._starting and not self._shutting_down,
+            on_result=self._selftest_result)
         self._session_gone = asyncio.Event()  # set whenever a session leaves this node
         self.credential: str | None = None  # host-bound node credential from the broker; None = node token
+        # freezes and encoder errors of the sessions that left this node, and its self-tests' encoder errors
+        # (the heartbeat's *_total add the live sessions' counts: node-cumulative counters, reset only by a
+        # node restart)
+        self._ended_counts = {"freezes": 0, "encoder_errors": 0}
 
     # ---- plumbing ------------------------------------------------------------------------
     @property
@@ -168,12 +182,16 @@ class NodeAgent:
             inventory = await asyncio.to_thread(take_inventory, self.s.seats)
             self.gpus = inventory.gpus
             self.runtime_config = dataclasses.replace(self.runtime_config, gpu_render=inventory.gpu_render)
+            if inventory.gpu_render and self.gpus:  # test the encoder sessions on the first GPU use
+                self.selftest.config = dataclasses.replace(self.selftest.config, gpu=self.gpus[0].index)
             log.info("inventory: %s; %s", inventory.reason, inventory.seats_note)
             tasks = [
                 asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
                 asyncio.create_task(self._command_loop(), name="commands"),
                 asyncio.create_task(self.health.run_lag_monitor(), name="loop-lag"),
             ]
+            if self.s.selftest_interval_s > 0:
+                tasks.append(asyncio.create_task(self.selftest.run_forever(), name="selftest"))
             runner = await self.health.serve(self.s.health_host, self.s.health_port) if self.s.health_port else None
             try:
                 await self._stop.wait()
@@ -224,14 +242,36 @@ class NodeAgent:
                     await asyncio.wait_for(self._session_gone.wait(), left)
         self.stop()
 
-    async def _watch(self, gpus: list[dict[str, Any]]) -> None:
+    async def _watch(self, gpus: list[dict[str, Any]], encoder_errors: int = 0) -> None:
         """One watchdog step on this heartbeat's figures; a drain/undrain goes to the broker with its reason."""
-        decision = self.health.step(gpus, len(self.sessions), int(time.time() * 1000))
+        decision = self.health.step(gpus, len(self.sessions), int(time.time() * 1000), encoder_errors)
         if decision.action in ("drain", "undrain") and not self._shutting_down:
             await self.set_drained(decision.action == "drain", f"watchdog: {decision.reason}")
 
+    async def read_gpus(self) -> list[dict[str, Any]]:
+        """This heartbeat's GPU telemetry: NVML's where sessions render on the GPUs, else the indexes alone.
+
+        The watchdog and the broker read these rows; a drill replaces this method to inject readings.
+        """
+        if self.runtime_config.gpu_render:
+            return await asyncio.to_thread(self._telemetry.read, [g.index for g in self.gpus])
+        return [{"index": g.index} for g in self.gpus]
+
+    def _selftest_result(self, report: SelftestReport | None, why: str) -> None:
+        """The latest self-test's outcome reaches the watchdog (a failure drains at the next heartbeat)."""
+        self.health.selftest_failure = why
+        self.health.selftest = report.to_dict() if report is not None else {"ok": False, "reason": why}
+        if report is not None:  # the host's encoder failed: the node's encoder-error counter says so too
+            self._ended_counts["encoder_errors"] += report.encoder_errors
+
     async def set_drained(self, drained: bool, reason: str) -> bool:
-        """Ask the broker to drain (no new sessions) or undrain this host; False when it did not answer yes."""
+        """Ask the broker to drain (no new sessions) or undrain this host; False when it did not answer yes.
+
+        A reason over the broker's limit (several watchdog problems at once) is cut to it, so the drain
+        still happens (the whole reason is in the node's log).
+        """
+        if len(reason) > DRAIN_REASON_MAX:
+            reason = reason[: DRAIN_REASON_MAX - 3] + "..."
         path = f"/hosts/{self.host_id}/{'drain' if drained else 'undrain'}"
         try:
             async with self.http.post(self._url(path), json={"reason": reason}, headers=self._auth()) as r:
@@ -334,7 +374,7 @@ class NodeAgent:
                 backoff = min(backoff * 2, RETRY_MAX_S)
 
     async def heartbeat(self) -> None:
-        sessions = []
+        sessions: list[dict[str, Any]] = []
         for sid, rt in self.sessions.items():
             st = rt.stats()
             entry = {
@@ -356,14 +396,18 @@ class NodeAgent:
                 "width",
                 "height",
                 "candidate",
+                "freezes",
+                "encoder_errors",
+                "first_frame_ms",
             ):
                 if st.get(k) is not None:
                     entry[k] = st[k]
             sessions.append(entry)
-        gpus = await asyncio.to_thread(self._telemetry.read, [g.index for g in self.gpus]) \
-            if self.runtime_config.gpu_render else [{"index": g.index} for g in self.gpus]
-        body = {"gpus": gpus, "sessions": sessions}
-        await self._watch(gpus)
+        gpus = await self.read_gpus()
+        body: dict[str, Any] = {"gpus": gpus, "sessions": sessions}
+        for k, ended in self._ended_counts.items():  # the node's counters: sessions gone + live ones
+            body[f"{k}_total"] = ended + sum(int(e.get(k) or 0) for e in sessions)
+        await self._watch(gpus, int(body["encoder_errors_total"]))
         async with self.http.put(self._url(f"/hosts/{self.host_id}/heartbeat"), json=body,
                                  headers=self._auth()) as r:
             data = await r.json()
@@ -524,6 +568,9 @@ class NodeAgent:
         if task is not None:
             task.cancel()
         if rt is not None:
+            st = rt.stats()
+            for k in self._ended_counts:
+                self._ended_counts[k] += int(st.get(k) or 0)
             await rt.stop(why)
             log.info("session %s stopped: %s", sid, why)
         self._session_gone.set()

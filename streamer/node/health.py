@@ -46,6 +46,8 @@ class NodeHealth:
         self.last_decision = Decision("none", "")
         self.worst_lag_ms = 0.0
         self.session_failures = 0  # sessions that failed to start or whose capture/encoder gave up
+        self.selftest_failure = ""  # why the latest stream self-test failed ("" = passed or not run)
+        self.selftest: dict[str, Any] | None = None  # the latest self-test report, for /healthz
         self.heartbeat = HeartbeatStatus()
         self.registered = False
 
@@ -57,10 +59,12 @@ class NodeHealth:
             await asyncio.sleep(LAG_TICK_S)
             self.worst_lag_ms = max(self.worst_lag_ms, (loop.time() - due) * 1000.0)
 
-    def step(self, gpus: Sequence[dict[str, Any]], sessions: int, now_ms: int) -> Decision:
-        """One watchdog decision from this heartbeat's figures (the lag window restarts)."""
+    def step(self, gpus: Sequence[dict[str, Any]], sessions: int, now_ms: int, encoder_errors: int = 0) -> Decision:
+        """One watchdog decision from this heartbeat's figures (the lag window restarts);
+        ``encoder_errors``: the node's cumulative count."""
         sample = Sample(gpus=gpus, sessions=sessions, session_failures=self.session_failures,
-                        loop_lag_ms=self.worst_lag_ms)
+                        loop_lag_ms=self.worst_lag_ms, selftest_failure=self.selftest_failure,
+                        encoder_errors=encoder_errors)
         self.worst_lag_ms = 0.0
         if not self.enabled:
             return Decision("none", "")
@@ -81,6 +85,7 @@ class NodeHealth:
             "watchdog": {"enabled": self.enabled, "drained": self.state.drained, "held": self.state.held,
                          "last_action": self.last_decision.action, "last_reason": self.last_decision.reason,
                          "trips": len(self.state.trips_ms)},
+            "selftest": self.selftest,
         }
 
     async def healthz(self, _request: web.Request) -> web.Response:

@@ -19,6 +19,8 @@ SUBCOMMANDS = """subcommands:
   render-node encoders [--json]   probe this machine's encoders (really encodes a few frames each)
   render-node doctor [--require-gpu] [--require-gl] [--require-nvenc] [--json]
                                   what this host will do: GPUs, GL renderer, encoders and seats per GPU
+  render-node selftest [--json] [--seconds S] [--loss-ms MS] [--encoder E] [--gpu N]
+                                  stream a stamped pattern to a local decoder, check every frame; exit 1 on a failure
   render-node [settings]          run the agent: register this host's GPUs and run the sessions the broker assigns
 """
 
@@ -66,6 +68,10 @@ class NodeSettings:
     watchdog_max_loop_lag_ms: float = opt(1000.0, "Watchdog: the node's event loop this late (ms) drains the host")
     watchdog_healthy_hold_s: float = opt(300.0, "Watchdog: healthy this long (s) before the host takes sessions "
                                                 "again; 3 trips within an hour keep it drained for an operator")
+    selftest_interval_s: float = opt(3600.0, "Stream self-test: every this many seconds, when the node has no "
+                                             "session, stream a stamped pattern through the encoder and WebRTC "
+                                             "path to a local decoder and check every frame (with a loss window); "
+                                             "a failure drains the host through the watchdog. 0 = off")
     health_host: str = opt("0.0.0.0", "Address of the node's /healthz endpoint")
     health_port: int = opt(0, "TCP port of the node's /healthz endpoint (Kubernetes probes); 0 = off")
     version: str = opt("", "Build/version this node reports at registration (an image tag, a build id); the "

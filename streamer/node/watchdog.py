@@ -13,7 +13,14 @@ Rules (each a ``reason`` code in the decision):
   (a session or driver leaking, not new work);
 - ``session_failures``: ``max_session_failures`` or more sessions failed to start or stream (capture or
   encoder gave up) since the last sample;
-- ``loop_lag``: the node's event loop ran ``max_loop_lag_ms`` late (the node cannot serve its streams).
+- ``encoder_errors``: ``max_encoder_errors`` or more encoder errors (frames the encoder raised on,
+  encoders that failed to open) since the last sample, across the node's sessions: an encoder failing
+  now and then, which never ends a session (that takes 30 failed frames in a row) but shows as
+  dropped frames;
+- ``loop_lag``: the node's event loop ran ``max_loop_lag_ms`` late (the node cannot serve its streams);
+- ``selftest_failed``: the node's latest stream self-test failed (``streamer.node.selftest``: a corrupt
+  frame, frames lost with no loss to explain them, no recovery after induced loss); a later passing
+  run clears it.
 A sick sample while healthy -> ``drain`` (a trip).  A drained host undrains after ``healthy_hold_ms``
 of healthy samples, unless it tripped ``max_trips`` times within ``trip_window_ms``: then it stays
 drained for an operator (``hold_for_operator``), because flapping hurts users more than a lost host.
@@ -42,6 +49,7 @@ class Limits:
     throttle_hold_ms: int = 60_000
     vram_growth_mb: float = 2048.0
     max_session_failures: int = 3
+    max_encoder_errors: int = 30  # per sample (heartbeat): a 60 fps stream failing 1 frame in 10 for 5 s
     max_loop_lag_ms: float = 1000.0
     healthy_hold_ms: int = 300_000
     max_trips: int = 3
@@ -56,6 +64,8 @@ class Sample:
     sessions: int
     session_failures: int  # cumulative: sessions that failed to start or whose capture/encoder gave up
     loop_lag_ms: float  # how late the node's event loop ran its last timer
+    encoder_errors: int = 0  # cumulative: the node's encoder errors (its sessions' and self-tests')
+    selftest_failure: str = ""  # why the latest stream self-test failed; "" = passed or never run
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,7 @@ class WatchdogState:
     vram_base_mb: Mapping[int, float] = field(default_factory=dict)  # gpu index -> VRAM at the last session change
     sessions: int | None = None
     session_failures: int = 0
+    encoder_errors: int = 0
 
 
 @dataclass(frozen=True)
@@ -97,6 +108,12 @@ def _problems(state: WatchdogState, s: Sample, now_ms: int, lim: Limits) -> tupl
     failed = 0 if state.sessions is None else s.session_failures - state.session_failures  # first sample: baseline
     if failed >= lim.max_session_failures:
         out.append(f"session_failures: {failed} session(s) failed to start or stream")
+    errors = 0 if state.sessions is None else s.encoder_errors - state.encoder_errors  # first sample: baseline
+    if errors >= lim.max_encoder_errors:
+        out.append(f"encoder_errors: {errors} encoder error(s) since the last heartbeat (limit "
+                   f"{lim.max_encoder_errors})")
+    if s.selftest_failure:
+        out.append(f"selftest_failed: {s.selftest_failure}")
     if s.loop_lag_ms >= lim.max_loop_lag_ms:
         out.append(f"loop_lag: event loop {s.loop_lag_ms:.0f} ms late (limit {lim.max_loop_lag_ms:g} ms)")
     return out, throttled
@@ -115,7 +132,7 @@ def decide(state: WatchdogState, sample: Sample, now_ms: int, limits: Limits = L
             if int(g["index"]) not in base and g.get("vram_used_mb") is not None:
                 base[int(g["index"])] = float(g["vram_used_mb"])
     nxt = replace(state, throttled_since_ms=throttled, vram_base_mb=base, sessions=sample.sessions,
-                  session_failures=sample.session_failures)
+                  session_failures=sample.session_failures, encoder_errors=sample.encoder_errors)
     if problems:
         nxt = replace(nxt, healthy_since_ms=None)
         if state.drained or state.held:

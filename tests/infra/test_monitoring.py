@@ -85,11 +85,12 @@ def _referenced() -> set[str]:
 async def test_every_metric_the_rules_and_dashboard_read_is_exported(api) -> None:
     assert (await register(api, "h0", [L4, H200])).status == 201
     sessions = [{"id": "s1", "fps": 58.0, "target_fps": 60, "encode_ms": 5.0, "rtt_ms": 12.0, "jitter_ms": 3.0,
-                 "loss": 0.0, "bitrate_bps": 6_000_000}]
+                 "loss": 0.0, "bitrate_bps": 6_000_000, "freezes": 1, "encoder_errors": 0, "first_frame_ms": 300.0}]
     gpus = [{"index": 0, "utilization": 50, "vram_used_mb": 4000, "vram_total_mb": 22_491, "encoder_utilization": 30,
              "encoder_sessions": 1, "encoder_fps": 58.0, "encoder_latency_us": 900, "temperature_c": 60, "power_w": 40,
              "throttle_reasons": ["sw_power_cap"]}]
-    hb = await api.put("/api/v1/hosts/h0/heartbeat", headers=auth(NODE), json={"gpus": gpus, "sessions": sessions})
+    hb = await api.put("/api/v1/hosts/h0/heartbeat", headers=auth(NODE), json={"gpus": gpus, "sessions": sessions,
+                                                                      "freezes_total": 4, "encoder_errors_total": 1})
     assert hb.status == 200, await hb.text()
     await api.get("/api/v1/pools")  # an HTTP request, so the request counter has a sample
     await api.get("/api/v1/nope")  # and an error response

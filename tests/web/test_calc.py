@@ -150,3 +150,9 @@ def test_rtp_offset_pairs_a_glass_to_glass_sample_with_the_frame_its_metadata_de
     assert r["shift_newer"] == -33 and r["shift_paired"] == 0
     assert r["no_rtp"] is None and r["no_origin"] == 0
     assert (r["mode"], r["mode_tie"], r["mode_empty"]) == (3, 1, None)
+
+
+def test_per_minute_is_the_judges_rate_and_a_dash_when_nobody_reported() -> None:
+    r = run({"rate": "c.perMinute(30, 20)", "none": "c.perMinute(null, 20)", "zero_min": "c.perMinute(3, 0)",
+             "small": "c.perMinute(1, 3)"})
+    assert r == {"rate": "1.50", "none": "\u2013", "zero_min": "0.00", "small": "0.33"}

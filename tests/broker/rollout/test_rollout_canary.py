@@ -134,3 +134,33 @@ async def test_a_healthy_candidate_is_promoted_after_its_soak(api, clock) -> Non
     assert [(e["action"], e["actor"]) for e in entries if e["action"] == "rollout.promote"] == [
         ("rollout.promote", "rollout")]
     assert await rollouts.run_once() == []  # nothing left to judge
+
+
+async def test_a_candidate_whose_streams_freeze_is_rolled_back_on_the_nodes_heartbeat_counts(api, clock) -> None:
+    rollouts = api.app[ROLLOUTS]
+    await api.put("/api/v1/pools/p1", json={"max_sessions_per_gpu": 4, "vram_per_session_mb": 4096},
+                  headers=auth(ADMIN))
+    await register(api, "s0", "1.0")
+    await register(api, "c0", "2.2")
+    policy = {**POLICY, "candidate_version": "2.2", "min_sessions": 2}
+    assert (await api.put("/api/v1/pools/p1/rollout", json=policy, headers=auth(ADMIN))).status == 201
+    by_host: dict[str, list[str]] = {"s0": [], "c0": []}
+    for i in range(4):
+        s = await new_session(api, f"u{i}")
+        await node_reports(api, s, "running")  # both versions start their sessions fine
+        by_host[s["host"]].append(s["id"])
+    assert [len(v) for v in by_host.values()] == [2, 2]
+    clock.advance(600_000)  # 10 minutes of streaming: 20 session-minutes per class
+    for host, freezes in (("s0", 2), ("c0", 30)):  # the candidate's viewers see 1.5 freezes a minute
+        sessions = [{"id": sid, "state": "running", "freezes": freezes // 2, "encoder_errors": 0,
+                     "first_frame_ms": 400.0} for sid in by_host[host]]
+        r = await api.put(f"/api/v1/hosts/{host}/heartbeat", json={"gpus": [], "sessions": sessions},
+                          headers=auth(NODE))
+        assert r.status == 200, await r.text()
+    [(_, v)] = await rollouts.run_once()
+    assert v is not None and (v.action, v.reason) == (Action.ROLLBACK, Reason.FREEZES), v
+    assert "1.50/min vs stable 0.10/min" in v.detail
+    view = await (await api.get("/api/v1/pools/p1/rollout", headers=auth(ADMIN))).json()
+    assert view["last"]["candidate"]["freezes"] == 30 and view["last"]["stable"]["freezes"] == 2
+    host = await (await api.get("/api/v1/hosts/c0", headers=auth(ADMIN))).json()
+    assert host["state"] == "draining"

@@ -18,7 +18,8 @@ from broker.rollout.policy import (
 )
 
 P = RolloutPolicy("2.0", share_pct=10, min_sessions=20, min_soak_s=600)
-GOOD = ClassHealth(sessions=40, start_failed=0, started=40, session_minutes=400.0, first_frame_ms_p50=800.0)
+GOOD = ClassHealth(sessions=40, start_failed=0, started=40, session_minutes=400.0, first_frame_ms_p50=800.0,
+                   reported_minutes=400.0)
 
 
 def h(**kw: object) -> ClassHealth:
@@ -46,9 +47,24 @@ def h(**kw: object) -> ClassHealth:
     (h(freezes=400), GOOD, 9999, P, Action.PROMOTE, Reason.HEALTHY),
     (h(encoder_errors=200), h(encoder_errors=0), 9999, P, Action.ROLLBACK, Reason.ENCODER_ERRORS),
     (h(encoder_errors=40), h(encoder_errors=0), 9999, P, Action.PROMOTE, Reason.HEALTHY),  # 0.1/min < 0.2
+    # the rate is over the minutes of the sessions that reported counts: 40 errors in 100 reported
+    # minutes is 0.4/min (over), though the class ran 400 minutes in all
+    (h(encoder_errors=40, reported_minutes=100.0), h(encoder_errors=0), 9999, P, Action.ROLLBACK,
+     Reason.ENCODER_ERRORS),
+    # freezes against a stable class that freezes as much: the fleet's network, not the candidate
+    (h(freezes=400), h(freezes=300), 9999, P, Action.PROMOTE, Reason.HEALTHY),
     # time to first frame: 800 * 1.5 + 500 = 1,700 ms ceiling
     (h(first_frame_ms_p50=1701.0), GOOD, 9999, P, Action.ROLLBACK, Reason.SLOW_FIRST_FRAME),
     (h(first_frame_ms_p50=1700.0), GOOD, 9999, P, Action.PROMOTE, Reason.HEALTHY),
+    # where both classes' nodes report the viewer's first decoded frame, that figure is judged, not
+    # seated -> running: 1,000 * 1.5 + 500 = 2,000 ms ceiling
+    (h(viewer_first_frame_ms_p50=2001.0, viewer_first_frame_sessions=30), h(viewer_first_frame_ms_p50=1000.0,
+     viewer_first_frame_sessions=30), 9999, P, Action.ROLLBACK, Reason.SLOW_FIRST_FRAME),
+    (h(first_frame_ms_p50=1701.0, viewer_first_frame_ms_p50=2000.0, viewer_first_frame_sessions=30),
+     h(viewer_first_frame_ms_p50=1000.0, viewer_first_frame_sessions=30), 9999, P, Action.PROMOTE, Reason.HEALTHY),
+    # only the candidate reports it: both judged on seated -> running
+    (h(viewer_first_frame_ms_p50=9000.0, viewer_first_frame_sessions=30), GOOD, 9999, P, Action.PROMOTE,
+     Reason.HEALTHY),
     # healthy but young: soak; healthy and soaked: promote, or wait for an admin
     (GOOD, GOOD, 599, P, Action.HOLD, Reason.SOAKING),
     (GOOD, GOOD, 600, P, Action.PROMOTE, Reason.HEALTHY),
@@ -64,7 +80,8 @@ def test_judge(cand: ClassHealth, stable: ClassHealth, elapsed_s: float, policy:
 def test_health_of_counts_outcomes_and_time_to_first_frame() -> None:
     rows = [
         SessionOutcome("2.0", seated_ms=0, started_ms=1000, ended_ms=61_000, end_reason="user", freezes=None),
-        SessionOutcome("2.0", seated_ms=0, started_ms=3000, ended_ms=0, freezes=2, encoder_errors=1),  # live
+        SessionOutcome("2.0", seated_ms=0, started_ms=3000, ended_ms=0, freezes=2, encoder_errors=1,
+                       first_frame_ms=400.0),  # live, its node reports counts and the viewer's first frame
         SessionOutcome("2.0", seated_ms=0, ended_ms=60_000, end_reason="start_failed"),
         SessionOutcome("2.0", seated_ms=0, started_ms=2000, ended_ms=32_000, end_reason="node_ended"),
         SessionOutcome("2.0", seated_ms=0),  # still starting: no outcome yet
@@ -76,6 +93,12 @@ def test_health_of_counts_outcomes_and_time_to_first_frame() -> None:
     assert (cand.freezes, cand.encoder_errors, cand.first_frame_ms_p50) == (2, 1, 2000.0)
     assert cand.start_failure_pct == 25.0 and cand.crash_pct == pytest.approx(100 / 3)
     assert (stable.sessions, stable.freezes, stable.first_frame_ms_p50) == (1, None, 500.0)
+    # rates are over the reporting (live) session's 2 minutes, not the class's 3.5
+    assert cand.reported_minutes == pytest.approx(2.0) and cand.per_min(cand.freezes) == pytest.approx(1.0)
+    assert stable.per_min(stable.freezes) is None
+    # seated -> running (3,000) + offer -> first decoded frame (400), over the one session reporting it
+    assert (cand.viewer_first_frame_ms_p50, cand.viewer_first_frame_sessions) == (3400.0, 1)
+    assert stable.viewer_first_frame_ms_p50 is None
     assert health_of([], 0) == ClassHealth()
 
 

@@ -229,3 +229,32 @@ def test_receiver_report_loss_is_taken_over_at_least_50_packets_not_each_reports
     assert window.fraction_lost(report(1_200, 100)) == 255  # capped under 256
     assert window.fraction_lost(report(10, 0)) is None  # the sequence went back: a new reference
     assert window.fraction_lost(report(70, 6)) == 6 * 256 // 60
+
+
+def test_the_viewers_freezes_and_first_decoded_frame_come_from_its_frame_count() -> None:
+    tracker = ProbeTracker()
+    answer(tracker, 0, 1_000.0, 0, 10.0)
+    answer(tracker, 10, 1_400.0, 0, 20.0)  # 400 ms before the first frame: a wait, not a freeze
+    assert (tracker.freezes, tracker.first_decoded_ms) == (0, None)
+    answer(tracker, 20, 1_450.0, 1, 70.0)  # first decoded frame (node clock 70 ms)
+    answer(tracker, 30, 1_550.0, 4, 170.0)
+    assert (tracker.freezes, tracker.first_decoded_ms) == (0, 70.0)
+    answer(tracker, 40, 1_650.0, 4, 270.0)
+    answer(tracker, 50, 1_749.0, 4, 370.0)  # standing still 199 ms: not yet
+    assert tracker.freezes == 0
+    answer(tracker, 60, 1_750.0, 4, 380.0)  # 200 ms: a freeze, counted while it lasts
+    answer(tracker, 70, 2_050.0, 4, 680.0)
+    assert tracker.freezes == 1
+    answer(tracker, 80, 2_100.0, 9, 730.0)  # it ends: the same freeze
+    assert tracker.freezes == 1
+    tracker.freeze_threshold_ms = 600.0  # the ladder went to 5 fps: three intervals
+    answer(tracker, 90, 2_600.0, 9, 800.0)
+    answer(tracker, 100, 2_650.0, 10, 850.0)
+    assert tracker.freezes == 1
+
+
+def test_a_viewer_without_frame_counts_shows_no_freezes() -> None:
+    blind = ProbeTracker()
+    answer(blind, 100, 0.0, None, 0.0)
+    answer(blind, 500, 2_000.0, None, 100.0)
+    assert (blind.freezes, blind.first_decoded_ms) == (0, None)

@@ -216,9 +216,14 @@ async def test_a_picture_frozen_while_packets_arrive_gets_a_keyframe_without_a_p
     await viewer.wait_frames(5)
     await until(lambda: runtime.stats()["keyframes"] == 1, "no first keyframe")
     assert runtime.stats()["stall_keyframes"] == 0  # frames decode: no stall
+    # time to first frame: the offer answered -> the first frame the probe answers say was decoded
+    await until(lambda: runtime.stats()["first_frame_ms"] is not None, "no time to first frame")
+    assert 0 < runtime.stats()["first_frame_ms"] < 30_000
+    freezes = runtime.stats()["freezes"]  # 0 unless this machine stalled the stream 200 ms already
     viewer.frozen_at = len(viewer.frames)  # the probe answers now say nothing decodes
     count = len(viewer.frames)
     await until(lambda: runtime.stats()["stall_keyframes"] >= 1, "no keyframe for a frozen picture")
+    await until(lambda: runtime.stats()["freezes"] >= freezes + 1, "the frozen picture was not counted a freeze")
     frozen_s = asyncio.get_running_loop().time()
     await until(lambda: any(f.key_frame for f in viewer.frames[count:]), "the viewer decoded no new keyframe")
     assert runtime.stats()["keyframe_requests"] == 0  # the node's own doing, no PLI/FIR

@@ -220,3 +220,37 @@ async def test_send_jitter_is_rfc3550_over_render_to_send_times() -> None:
     # |D| = 20, 20, 0: J = 20/16 = 1.25; + (20 - 1.25)/16 = 2.421875; + (0 - 2.421875)/16
     assert track.send_jitter_ms == 2.421875 - 2.421875 / 16
     track.stop()
+
+
+class FlakyEncoder:
+    """Wraps a real encoder; raises on the frames whose index is in ``fail_at`` (counted by the pipeline)."""
+
+    def __init__(self, inner: VideoEncoder, fail_at: set[int]) -> None:
+        self.inner, self.fail_at, self.calls = inner, fail_at, 0
+
+    def encode(self, frame: av.VideoFrame) -> list[av.Packet[Any]]:
+        self.calls += 1
+        if self.calls in self.fail_at:
+            raise av.FFmpegError(-1, "synthetic encoder error")
+        return self.inner.encode(frame)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_encoder_errors_and_send_freezes_are_counted() -> None:
+    source = PatternSource()
+    encoder = FlakyEncoder(x264(), {3, 4})
+    pipe = FramePipeline(source, encoder, FPS, name="rb-frames-count")  # type: ignore[arg-type]
+    pipe.start()
+    try:
+        track = EncodedVideoTrack()
+        pipe.attach(track)
+        await receive(track, 5)
+        assert pipe.stats().encode_errors == 2 and pipe.stats().failures == 2
+        before = pipe.stats().freezes  # 0 unless this machine stalled the thread 200 ms
+        await asyncio.sleep(0.4)  # the viewer's sender stops pulling for 400 ms (the gap under test)
+        await receive(track, MAX_QUEUED_FRAMES + 2)  # the queued ones, then a fresh one after the gap
+        assert pipe.stats().freezes >= before + 1
+    finally:
+        await asyncio.to_thread(pipe.close)

@@ -107,3 +107,27 @@ def test_repeated_trips_hold_the_host_drained_for_an_operator() -> None:
                                 "tripped 3 times in 60 min: stays drained until an operator undrains it")
     assert run(st, sample(gpu(temp=70)), now + 900_000)[0] == "none" and st.held
     assert run(st, sample(gpu(temp=99)), now + 905_000)[0] == "none"  # held: no new trip either
+
+
+def test_a_failed_selftest_drains_and_a_passing_one_lets_the_host_undrain() -> None:
+    failing = Sample(gpus=[gpu()], sessions=0, session_failures=0, loop_lag_ms=5,
+                     selftest_failure="2 corrupt frame(s) (first: frame 41: PSNR 14.9 dB under 22)")
+    action, reason, st = run(WatchdogState(), failing, 0)
+    assert (action, reason) == ("drain", "selftest_failed: 2 corrupt frame(s) (first: frame 41: PSNR 14.9 dB under 22)")
+    action, _, st = run(st, failing, 5_000)  # the same failed run, still: nothing new
+    assert action == "none" and st.drained
+    action, _, st = run(st, sample(sessions=0), 10_000)  # a passing run cleared it: the hold starts
+    action, _, st = run(st, sample(sessions=0), 310_000)
+    assert action == "undrain"
+
+
+def test_encoder_errors_between_two_heartbeats_drain_the_first_count_is_a_baseline() -> None:
+    def errs(n: int) -> Sample:
+        return Sample(gpus=[gpu()], sessions=2, session_failures=0, loop_lag_ms=5, encoder_errors=n)
+
+    action, _, st = run(WatchdogState(), errs(500), 0)  # a node restarted with a history: the baseline
+    assert action == "none"
+    action, _, st = run(st, errs(529), 5_000)  # 29 new: under the limit
+    assert action == "none"
+    action, reason, st = run(st, errs(559), 10_000)
+    assert (action, reason) == ("drain", "encoder_errors: 30 encoder error(s) since the last heartbeat (limit 30)")
