@@ -23,7 +23,7 @@ API_PREFIX: Final = "/api/v1"
 # data channels).  Raised by one for every change a client can observe, compatible additions
 # included; docs/protocol.md's change log says what changed and whether it breaks old clients.
 # tests/web/test_protocol_doc.py checks that the document states this number.
-PROTOCOL_VERSION: Final = 3
+PROTOCOL_VERSION: Final = 4
 
 
 class SessionState(StrEnum):

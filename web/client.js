@@ -20,6 +20,9 @@ import { $, ApiError, api, el, fmtDuration, problemText, render, sleep, tokenSto
 import { hideWarning, showProblem, showWarning, toast } from "./ui.js";
 import { PROFILE_LIMITS, estimateWaitS, evenSize } from "./calc.js";
 import { InputController } from "./input.js";
+import { RemoteClipboard } from "./clipboard.js";
+import { ResizeFollower } from "./resize.js";
+import { SoundControls } from "./sound.js";
 import { PeerLink } from "./peer.js";
 import { FrameStamps, readStats, renderStats } from "./stats.js";
 
@@ -84,13 +87,22 @@ const video = $("#video");
 // browser still refuses, the next click or key in the page starts it.
 const sound = el("audio", { id: "sound", autoplay: true, hidden: true });
 document.body.append(sound);
+new SoundControls(sound, $("#btn-mute"), $("#volume"));
+const remoteClipboard = new RemoteClipboard({ button: $("#btn-clip"), notify: (text) => toast(text) });
+const streamActive = () => app.view === "stream" && Boolean(app.link && app.link.channelOpen);
+const resizer = new ResizeFollower({
+  area: $("#view-stream"),
+  send: (msg) => Boolean(app.link && app.link.send(msg)),
+  allowed: () => Boolean(app.pool && app.pool.allow_resize),
+  active: streamActive,
+  button: $("#btn-hidpi"),
+});
 const input = new InputController({
   video,
   send: (msg) => Boolean(app.link && app.link.send(msg)),
-  active: () => app.view === "stream" && Boolean(app.link && app.link.channelOpen),
+  active: streamActive,
   backlog: () => (app.link ? app.link.backlog : 0),
   gameMode: () => Boolean(app.pool && app.pool.kind === PoolKind.GAME),
-  allowResize: () => Boolean(app.pool && app.pool.allow_resize),
   toggleStats: () => toggleStats(),
   streaming: () => app.view === "stream",
   hint: (text) => hint(text),
@@ -358,7 +370,7 @@ async function connect() {
       state: (st) => { if (mine()) onPeerState(st); },
       track: (stream) => { if (mine()) { video.srcObject = stream; watchFirstFrame(); } },
       audio: (stream) => { if (mine()) playSound(stream); },
-      channelOpen: () => { if (mine()) input.channelOpened(); },
+      channelOpen: () => { if (mine()) { input.channelOpened(); resizer.channelOpened(); resizer.send(); } },
       nodeEvent: (data) => { if (mine()) onNodeEvent(data); },
       bye: (reason) => { if (mine()) checkSession(`the node said goodbye${reason ? ` (${reason})` : ""}`); },
       signalError: (msg) => {
@@ -410,7 +422,7 @@ function watchFirstFrame() {
     video.focus({ preventScroll: true });
     hint(app.pool && app.pool.kind === PoolKind.GAME ? "Click the video to capture the mouse · Esc releases it · F8 shows stats"
       : "F8 shows stats · paste with Ctrl+V sends your clipboard");
-    input.sendResize();
+    resizer.send();
   };
   if ("requestVideoFrameCallback" in video) video.requestVideoFrameCallback(onFrame);
   else video.addEventListener("loadeddata", onFrame, { once: true });
@@ -444,10 +456,7 @@ function onNodeEvent(data) {
     case NodeEventType.CLIPBOARD:
       if (typeof msg.text === "string") {
         app.remoteClipboard = msg.text;
-        if (navigator.clipboard && navigator.clipboard.writeText) {
-          navigator.clipboard.writeText(msg.text).then(() => toast("Copied from the remote session to your clipboard"),
-            () => { /* no focus or permission: kept in app.remoteClipboard */ });
-        }
+        remoteClipboard.received(msg.text);
       }
       break;
     case NodeEventType.CURSOR:
@@ -652,6 +661,7 @@ function wire() {
   $("#ended-again").addEventListener("click", () => { hideWarning(); setSession(null); showPools(); });
   $("#banner-close").addEventListener("click", hideWarning);
   input.attach();
+  resizer.attach();
   stamps.start();
   setInterval(tick, TICK_MS);
 }
@@ -666,6 +676,12 @@ window.renderBroker = Object.freeze({
   get pc() { return app.link ? app.link.pc : null; },
   get dc() { return app.link ? app.link.dc : null; },
   get remoteClipboard() { return app.remoteClipboard; },
+  get clipboardWrites() { return remoteClipboard.writes; },
+  get clipboardPending() { return remoteClipboard.pending; },
+  get sound() { return { muted: sound.muted, volume: sound.volume }; },
+  get hidpi() { return resizer.hidpi; },
+  get lastResize() { return resizer.last; },
+  get clipboardReceived() { return remoteClipboard.count; },
   get connections() { return app.connections; },
   stats: () => statsNow(false),
   lastStats: () => app.lastStats,

@@ -11,7 +11,7 @@
 export const API_PREFIX = "/api/v1";
 
 // the client protocol version docs/protocol.md describes
-export const PROTOCOL_VERSION = 3;
+export const PROTOCOL_VERSION = 4;
 
 // ---- session lifecycle --------------------------------------------------------------
 

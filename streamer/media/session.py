@@ -76,6 +76,7 @@ from encoder import (
 from streamer.abr import bitrate as bitrate_policy
 from streamer.abr import ladder as ladder_policy
 from streamer.abr import playout as playout_policy
+from streamer.abr import viewport as viewport_policy
 from streamer.abr.bitrate import DESKTOP_PROFILE, GAME_PROFILE, BitrateProfile, Feedback
 from streamer.abr.control import (
     CODEC_PREFERENCES,
@@ -89,6 +90,7 @@ from streamer.abr.control import (
 from streamer.abr.ladder import Rung
 from streamer.desktop.audio import AudioCapture, AudioError, AudioServer, audio_available
 from streamer.desktop.capture import FrameSource, GameRendererUnavailable, open_capture
+from streamer.desktop.clipboard import ClipboardError, ClipboardSync, ClipboardWatcher
 from streamer.desktop.display import DisplayConfig, VirtualDisplay, app_env, gpu_render_env
 from streamer.desktop.game import Game
 from streamer.desktop.inputsink import GameSource, InputRouter, XInputSink, wall_clock_ms
@@ -194,6 +196,14 @@ class RuntimeConfig:
     # maximum is relaxed while the viewer's jitter needs a buffer (streamer.abr.playout), and the viewer
     # then raises its own floor (web/playout.js).  False: not sent (the viewer buffers as it likes).
     playout_delay: bool = True
+    # Desktop screens follow the viewer's window ("rs", streamer.abr.viewport): at most this many
+    # pixels (or the start profile's, if more) and this long a side (the Xvfb framebuffer is this
+    # square).  resize_max_side 0: the screen keeps its start size.
+    resize_max_pixels: int = viewport_policy.DEFAULT_MAX_PIXELS
+    resize_max_side: int = viewport_policy.DEFAULT_MAX_SIDE_PX
+    # The remote clipboard reaches the viewer (streamer.desktop.clipboard): CLIPBOARD, plus PRIMARY
+    # (text selected with the mouse) when true.
+    clipboard_primary: bool = False
 
     def __post_init__(self) -> None:
         if self.capture_backend not in CAPTURE_BACKENDS:
@@ -206,6 +216,8 @@ class RuntimeConfig:
             raise ValueError("keyframe_min_interval_ms must be >= 0")
         if self.stall_keyframe_ms < 0 or self.stall_keyframe_interval_ms < 0:
             raise ValueError("stall_keyframe_ms and stall_keyframe_interval_ms must be >= 0")
+        if self.resize_max_side:
+            viewport_policy.ViewportLimits(self.resize_max_pixels, self.resize_max_side)  # raises when out of range
 
 
 # --- helpers ---------------------------------------------------------------------------
@@ -369,6 +381,16 @@ class SessionRuntime:
         self._decision_counts: Counter[str] = Counter()
         self._start_task: asyncio.Task[Any] | None = None
         self._stop_task: asyncio.Task[None] | None = None
+        # Clipboard and resize (desktop sessions): the remote selection's watcher, the no-echo rule,
+        # the text the viewer has not got yet; the screen size wanted and the task that sets it.
+        self._clipboard: ClipboardWatcher | None = None
+        self._clip_sync = ClipboardSync()
+        self._clip_pending: str | None = None
+        self._viewport: viewport_policy.ViewportLimits | None = None
+        self._want_size: tuple[int, int] | None = None
+        self._resize_task: asyncio.Task[None] | None = None
+        self._encoder_lock = asyncio.Lock()  # one encoder change at a time (ladder steps, resizes)
+        self.resizes = 0  # screen resizes applied
 
     # -- public API ----------------------------------------------------------------------
 
@@ -562,17 +584,24 @@ class SessionRuntime:
             if self._on_gpu() and spec.gpu is not None:
                 env = gpu_render_env(env, spec.gpu)
             env = {**env, **await self._start_audio()}
+            fb_w = fb_h = None
+            if spec.kind == PoolKind.DESKTOP.value and self.config.resize_max_side:
+                self._viewport = viewport_policy.limits_for(spec.width, spec.height, self.config.resize_max_pixels,
+                                                            self.config.resize_max_side)
+                fb_w, fb_h = self._viewport.framebuffer
             self._display = VirtualDisplay(DisplayConfig(width=spec.width, height=spec.height, app=app or None,
-                                                         env=env))
+                                                         env=env, max_width=fb_w, max_height=fb_h))
             await self._display.start()
             backend = cast(Literal["auto", "x11grab", "mss"], self.config.capture_backend)
             self._source = await asyncio.to_thread(
                 open_capture, self._display.name, spec.width, spec.height, backend=backend
             )
             self._sink = await XInputSink.open(self._display.name, f"rb-input-{spec.id}")
+            await self._start_clipboard(self._display.name)
             if app:
                 self._spawn(self._watch_app(self._display))
-        self._router = InputRouter(self._sink)
+        self._router = InputRouter(self._sink, on_clipboard=self._clip_sync.from_viewer,
+                                   on_resize=self._resize_requested)
         self._probes = await probe_all_async(SENDABLE_BACKENDS, gpu=self._encoder_gpu())
         selection = choose_backend(
             self._probes,
@@ -618,6 +647,9 @@ class SessionRuntime:
         if self._pipeline is not None:
             pipeline, self._pipeline = self._pipeline, None
             await asyncio.to_thread(pipeline.close)
+        if self._clipboard is not None:
+            clipboard, self._clipboard = self._clipboard, None
+            await asyncio.to_thread(clipboard.close)
         if isinstance(self._sink, XInputSink):
             await asyncio.to_thread(self._sink.close)
         if self._source is not None:
@@ -700,8 +732,9 @@ class SessionRuntime:
         except NoEncoderError as exc:
             return [_error(exc.code, str(exc))]
         await self._drop_peer("replaced")
-        controller = StreamController(self._profile, self._ladder)
-        await self._configure_encoder(selection.backend, controller.rung, self._profile.start_bps)
+        async with self._encoder_lock:  # a resize in progress finishes first: its ladder is the one to use
+            controller = StreamController(self._profile, self._ladder)
+            await self._configure_encoder(selection.backend, controller.rung, self._profile.start_bps)
         self._encoder_bps = self._profile.start_bps
         self._selection_reasons = selection.reasons
         track = EncodedVideoTrack()
@@ -806,6 +839,86 @@ class SessionRuntime:
     def _channel_open(self, peer: ViewerPeer) -> None:
         if peer is self._peer and self._pending_warning is not None:
             peer.send_event(self._pending_warning)
+        if peer is self._peer and self._clip_pending is not None:
+            self._send_clipboard(self._clip_pending)
+
+    # -- clipboard (remote -> viewer; viewer -> remote is XInputSink's) --------------------
+
+    async def _start_clipboard(self, display_name: str) -> None:
+        """Watch the display's selections; without XFixes the clipboard goes viewer -> remote only."""
+        loop = asyncio.get_running_loop()
+        selections = ("CLIPBOARD", "PRIMARY") if self.config.clipboard_primary else ("CLIPBOARD",)
+
+        def changed(text: str, selection: str) -> None:  # the watcher's thread
+            with contextlib.suppress(RuntimeError):  # the loop closed: the session is gone
+                loop.call_soon_threadsafe(self._remote_clipboard, text)
+
+        watcher = ClipboardWatcher(display_name, changed, selections=selections,
+                                   thread_name=f"rb-clip-{self.spec.id}")
+        try:
+            await asyncio.to_thread(watcher.start)
+        except ClipboardError as exc:
+            log.warning("session %s: the remote clipboard is not watched: %s", self.spec.id, exc)
+            return
+        self._clipboard = watcher
+
+    def _remote_clipboard(self, text: str) -> None:
+        if self._state in ("running", "starting") and self._clip_sync.from_remote(text):
+            self._send_clipboard(text)
+
+    def _send_clipboard(self, text: str) -> None:
+        """To the viewer now, or when its channel next opens (copied while it was away)."""
+        peer = self._peer
+        sent = peer is not None and peer.send_event({"t": NodeEventType.CLIPBOARD.value, "text": text})
+        self._clip_pending = None if sent else text
+
+    # -- resize (the viewer's window -> the desktop's screen) -------------------------------
+
+    def _resize_requested(self, width: int, height: int) -> None:
+        """An "rs" message: set the screen to the fitting size (streamer.abr.viewport), latest request wins."""
+        if self._viewport is None or self._display is None:
+            log.debug("session %s: resize to %dx%d ignored (%s)", self.spec.id, width, height,
+                      "built-in game" if self._display is None else "resizing is off")
+            return
+        size = viewport_policy.fit(width, height, self._viewport)
+        if size == (self._want_size or self._display.size):
+            return
+        self._want_size = size
+        if self._resize_task is None:
+            self._resize_task = self._spawn(self._apply_resizes())
+
+    async def _apply_resizes(self) -> None:
+        """Set the wanted size until it holds: RandR, a capture at that size, the ladder rebuilt, a new encoder."""
+        try:
+            while self._display is not None and self._want_size not in (None, self._display.size):
+                await self._running.wait()
+                width, height = size = self._want_size
+                t0 = time.perf_counter()
+                try:
+                    await self._display.resize(width, height)
+                    source = await asyncio.to_thread(
+                        open_capture, self._display.name, width, height,
+                        backend=cast(Literal["auto", "x11grab", "mss"], self.config.capture_backend))
+                except Exception as exc:  # boundary: a failed resize keeps the old screen
+                    log.warning("session %s: resize to %dx%d failed: %r", self.spec.id, width, height, exc)
+                    self._want_size = None
+                    return
+                if self._pipeline is None:
+                    source.close()
+                    return
+                self._pipeline.replace_source(source)
+                self._source = source
+                self._ladder = ladder_policy.desktop_ladder(width, height, self.spec.fps)
+                rung = (self._controller.set_ladder(self._ladder) if self._controller is not None
+                        else ladder_policy.initial_state(self._ladder, self._profile.start_bps).rung)
+                async with self._encoder_lock:
+                    await self._configure_encoder(self._pipeline.encoder.backend, rung,
+                                                  self._encoder_bps or self._profile.start_bps)
+                self.resizes += 1
+                log.info("session %s: screen %dx%d, encoding %dx%d@%d, in %.0f ms", self.spec.id, *size,
+                         rung.width, rung.height, rung.fps, (time.perf_counter() - t0) * 1000)
+        finally:
+            self._resize_task = None
 
     def _keyframe_requested(self) -> None:
         """PLI/FIR: pass on at most one per ``keyframe_min_interval_ms``; a request inside it is deferred."""
@@ -919,13 +1032,16 @@ class SessionRuntime:
         if self._pipeline is None:
             return
         encoder_bps = media_bps(step.encoder_bps, self._retransmit_bps)
+        if step.ladder.changed and step.ladder.rung not in self._ladder.rungs:
+            return  # decided on the ladder of a screen size that has just changed
         if step.ladder.changed:
             rung = step.ladder.rung
             log.info(
                 "session %s: ladder %s -> %dx%d@%d (target %d bps)",
                 self.spec.id, step.ladder.reason.value, rung.width, rung.height, rung.fps, step.bitrate.target_bps,
             )  # fmt: skip
-            await self._configure_encoder(self._pipeline.encoder.backend, rung, encoder_bps)
+            async with self._encoder_lock:
+                await self._configure_encoder(self._pipeline.encoder.backend, rung, encoder_bps)
             self._encoder_bps = encoder_bps
         elif encoder_bps != self._encoder_bps:
             log.debug(

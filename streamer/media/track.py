@@ -212,6 +212,7 @@ class FramePipeline:
         self._sink: EncodedVideoTrack | None = None  # (L)
         self._pending_encoder: VideoEncoder | None = None  # (L) installed by the thread before the next frame
         self._pending_fps: int | None = None  # (L)
+        self._pending_source: FrameSource | None = None  # (L) installed by the thread before the next frame
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._started = False
         self._closed = False
@@ -278,6 +279,21 @@ class FramePipeline:
             previous.close()  # never installed, so the thread cannot be using it
         self._wake.set()
 
+    def replace_source(self, source: FrameSource) -> None:
+        """Grab from ``source`` from the next frame on (a resized screen's capture).
+
+        The caller keeps ``source`` (it closes it when it is done with the session); the source it
+        replaces becomes the pipeline's: the frame thread closes it once it switched, or ``close``
+        does if the switch never happened.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("pipeline closed")
+            previous, self._pending_source = self._pending_source, source
+        if previous is not None:
+            previous.close()  # never installed; its caller handed it over by replacing it
+        self._wake.set()
+
     def set_fps(self, fps: int) -> None:
         """Pace at ``fps`` frames per second from the next tick on."""
         with self._lock:
@@ -325,6 +341,9 @@ class FramePipeline:
                 log.error("%s did not exit within %.0f s", self._thread.name, JOIN_TIMEOUT_S)
         with self._lock:
             pending, self._pending_encoder = self._pending_encoder, None
+            pending_source, self._pending_source = self._pending_source, None
+        if pending_source is not None:
+            self._source.close()  # the replaced source, never switched away from; the caller owns the new one
         for encoder in (pending, self._encoder):
             if encoder is not None:
                 encoder.close()
@@ -349,9 +368,16 @@ class FramePipeline:
                     return
                 sink = self._sink
                 new_encoder, self._pending_encoder = self._pending_encoder, None
+                new_source, self._pending_source = self._pending_source, None
                 if self._pending_fps is not None:
                     self._fps, self._pending_fps = self._pending_fps, None
                 period_s = 1.0 / self._fps
+            if new_source is not None:
+                old_source, self._source = self._source, new_source
+                try:
+                    old_source.close()
+                except Exception:  # a capture that fails to close must not end the stream
+                    log.exception("%s: closing the replaced source failed", self._thread.name)
             if new_encoder is not None:
                 old, self._encoder = self._encoder, new_encoder
                 old.close()  # the new encoder's first frame is a keyframe

@@ -108,6 +108,9 @@ class NodeAgent:
             encoder_preference=settings.encoder,
             capture_backend=settings.capture,
             game_renderer=settings.game_renderer,
+            resize_max_pixels=settings.resize_max_pixels,
+            resize_max_side=settings.resize_max_side,
+            clipboard_primary=settings.clipboard_primary,
         )
         self._commands: aiohttp.ClientWebSocketResponse | None = None  # the open command socket, if any
         self._telemetry = GpuTelemetry()

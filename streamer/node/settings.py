@@ -43,6 +43,12 @@ class NodeSettings:
     game_renderer: str = opt("auto", "Built-in game renderer: auto (OpenGL through EGL on the session's GPU on a "
                                      "host with NVIDIA GPUs, numpy elsewhere or when GL cannot start), gl, cpu")
     game_command: list[str] = opt([], argv=True, help="Command a game session runs; empty = the built-in renderer")
+    resize_max_pixels: int = opt(2560 * 1440, "A desktop's screen follows the viewer's window up to this many pixels "
+                                              "(or its start profile's, if more)")
+    resize_max_side: int = opt(2560, "Longest side (px) a desktop's screen may take when it follows the viewer's "
+                                     "window; Xvfb's framebuffer is this square. 0 = the screen keeps its start size")
+    clipboard_primary: bool = opt(False, "Also send the desktop's PRIMARY selection (text selected with the mouse) to "
+                                         "the viewer, not only CLIPBOARD")
     shutdown_grace_s: float = opt(60.0, "On SIGTERM (a rolling restart): drain this host, warn viewers, and wait up "
                                         "to this long for sessions to end before stopping; 0 stops at once. Keep "
                                         "it under the pod's terminationGracePeriodSeconds. A second SIGTERM or "
