@@ -23,6 +23,7 @@ import { InputController } from "./input.js";
 import { RemoteClipboard } from "./clipboard.js";
 import { ResizeFollower } from "./resize.js";
 import { SoundControls } from "./sound.js";
+import { TabGate, tabId, tabSignalUrl } from "./tabs.js";
 import { PeerLink } from "./peer.js";
 import { FrameStamps, readStats, renderStats } from "./stats.js";
 
@@ -107,6 +108,8 @@ const input = new InputController({
   streaming: () => app.view === "stream",
   hint: (text) => hint(text),
 });
+const TAB = tabId();
+const tabGate = new TabGate($("#elsewhere"), () => { if (app.session) connect({ takeover: true }); });
 const stamps = new FrameStamps(video, () => app.view === "stream");
 
 // =========================================================================================
@@ -241,7 +244,7 @@ function follow(view) {
     if (!app.startedAt) app.startedAt = Date.now();
     if (view.state !== SessionState.STARTING && app.link) app.link.nodeReady();
     if (!app.firstFrame && app.view !== "starting") showStarting();
-    if (!app.link && !app.reconnecting) connect();
+    if (!app.link && !app.reconnecting && !tabGate.state) connect();
   } else if (view.state === SessionState.ENDED) {
     finish(view);
   }
@@ -357,13 +360,15 @@ function step(name, status) {
 // =========================================================================================
 // the connection
 // =========================================================================================
-async function connect() {
+async function connect({ takeover = false } = {}) {
   closePeer();
+  tabGate.hide();
   const s = app.session;
   const sig = s.signaling || { url: `/api/v1/sessions/${s.id}/signal`, ice_servers: [] };
   const mine = () => app.link === link; // handlers of a replaced link are ignored
   const link = new PeerLink({
-    signalUrl: sig.url, token: app.token, iceServers: sig.ice_servers || [], playout: PLAYOUT_MODE,
+    signalUrl: tabSignalUrl(sig.url, TAB, takeover), token: app.token, iceServers: sig.ice_servers || [],
+    playout: PLAYOUT_MODE,
     starting: () => Boolean(app.session && app.session.state === SessionState.STARTING),
     on: {
       answered: () => { if (mine()) { step("node", "done"); step("ice", "active"); } },
@@ -379,6 +384,12 @@ async function connect() {
         if (!link.answered) showProblem("#starting-error", new Error(`${msg.code}: ${msg.detail || ""}`));
       },
       signalClosed: () => { if (mine()) reconnect("the signaling connection dropped"); },
+      elsewhere: (kind, detail) => {
+        if (!mine()) return;
+        input.releaseAll();
+        closePeer(); // no reconnect: the user picks the tab (TabGate's button)
+        tabGate.show(kind, detail);
+      },
     },
   });
   app.link = link;
@@ -495,6 +506,7 @@ async function checkSession(why) {
 
 async function reconnect(why) {
   if (app.reconnecting || app.ending || !app.session || app.session.state === SessionState.ENDED) return;
+  if (tabGate.state) return; // another tab has the session: only the user's choice reconnects
   app.reconnecting = true;
   closePeer();
   $("#live-dot").classList.add("bad");
@@ -549,6 +561,7 @@ function closePeer() {
 function teardown() {
   input.releaseAll(); // while the channel is still open: nothing stays pressed on the remote side
   app.reconnecting = false;
+  tabGate.hide();
   closePeer();
   closeEvents();
   clearInterval(queueTimer);
@@ -683,6 +696,8 @@ window.renderBroker = Object.freeze({
   get lastResize() { return resizer.last; },
   get clipboardReceived() { return remoteClipboard.count; },
   get connections() { return app.connections; },
+  get elsewhere() { return tabGate.state; },
+  get tab() { return TAB; },
   stats: () => statsNow(false),
   lastStats: () => app.lastStats,
   send: (msg) => Boolean(app.link && app.link.send(msg)),

@@ -75,7 +75,9 @@ export const SignalType = Object.freeze({
   "BYE": "bye",
   "ERROR": "error",
   "PEER_JOINED": "peer_joined",
-  "PEER_LEFT": "peer_left"
+  "PEER_LEFT": "peer_left",
+  "IN_USE": "in_use",
+  "MOVED": "moved"
 });
 
 export const SIGNAL_MAX_BYTES = 65536;

@@ -43,6 +43,7 @@ from broker.store.keys import (
     INDEX_VERSION,
     REAPER_PASS_TTL_S,
     RETIRED_HOST_TTL_S,
+    VIEWER_TAB_TTL_MS,
     Keys,
 )
 
@@ -50,6 +51,7 @@ SCRIPT_NAMES = (
     "create_session", "end_session", "session_state", "touch_session", "register_host", "heartbeat",
     "host_down", "host_state", "remove_host", "put_pool", "delete_pool", "expire_hosts", "purge_hosts",
     "claim_sessions", "reschedule", "take_warning", "reindex_pool", "set_rollout", "reaper_pass", "adopt_sessions",
+    "viewer_tab",
 )
 
 _INT_FIELDS = ("created_ms", "seated_ms", "started_ms", "last_active_ms", "disconnected_ms", "ended_ms", "state_ms",
@@ -361,6 +363,22 @@ class LiveStore:
     async def take_warning(self, session_id: str, now_ms: int) -> bool:
         """True for exactly one caller: the one that should send this session's max-duration warning."""
         return bool(await self._run("take_warning", session_id, now_ms))
+
+    async def claim_tab(self, session_id: str, tab: str, socket: str, *, take: bool) -> tuple[bool, str]:
+        """Hold the session's viewer for ``tab``'s ``socket`` (``lua/viewer_tab.lua``): (held, previous/other tab).
+
+        ``take``: whoever holds it (the user chose "continue here"); else only when free or this tab's.
+        """
+        res = await self._run("viewer_tab", session_id, "take" if take else "claim", tab, socket, VIEWER_TAB_TTL_MS)
+        return bool(int(res[0])), _s(res[1])
+
+    async def keep_tab(self, session_id: str, tab: str, socket: str) -> bool:
+        """Renew the socket's hold; False when another socket took the session (or the hold lapsed)."""
+        return bool(await self._run("viewer_tab", session_id, "keep", tab, socket, VIEWER_TAB_TTL_MS))
+
+    async def release_tab(self, session_id: str, tab: str, socket: str) -> bool:
+        """Drop the socket's hold; False when it is not (or no longer) this socket's."""
+        return bool(await self._run("viewer_tab", session_id, "release", tab, socket, VIEWER_TAB_TTL_MS))
 
     async def reindex_pool(self, pool: str, now_ms: int) -> tuple[int, int]:
         """Rebuild one pool's placement index, counters and deadlines; returns (hosts, sessions) indexed."""
