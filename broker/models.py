@@ -19,6 +19,7 @@ from broker.protocol import PlacementStrategy, PoolKind
 from broker.validate import Field, validate
 
 NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")  # pool/host ids: DNS-label-like
+TAB_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a browser tab's id (signaling ?tab=, /leave?tab=)
 USER_RE: Final = re.compile(r"^[A-Za-z0-9._@+-]{1,128}$")
 
 MAX_WIDTH_PX: Final = 7680  # 8K UHD
@@ -51,6 +52,9 @@ POOL_SCHEMA: Final = {
     "idle_timeout_s": Field("int", default=1800, minimum=0, maximum=7 * DAY_S,
                             description="0 disables the idle timeout"),
     "disconnect_timeout_s": Field("int", default=300, minimum=0, maximum=DAY_S),
+    "close_grace_s": Field("int", default=30, minimum=0, maximum=DAY_S,
+                           description="A viewer that closed its tab on purpose (pagehide) keeps its seat this long "
+                                       "(at most disconnect_timeout_s); a network drop keeps disconnect_timeout_s"),
     "max_duration_s": Field("int", default=8 * 3600, minimum=0, maximum=30 * DAY_S,
                             description="0 disables the maximum duration"),
     "max_sessions_per_user": Field("int", default=1, minimum=1, maximum=64),
@@ -73,6 +77,7 @@ class PoolConfig:
     queue_timeout_s: int = 600
     idle_timeout_s: int = 1800
     disconnect_timeout_s: int = 300
+    close_grace_s: int = 30
     max_duration_s: int = 8 * 3600
     max_sessions_per_user: int = 1
     allow_resize: bool = True

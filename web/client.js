@@ -23,7 +23,7 @@ import { InputController } from "./input.js";
 import { RemoteClipboard } from "./clipboard.js";
 import { ResizeFollower } from "./resize.js";
 import { SoundControls } from "./sound.js";
-import { TabGate, tabId, tabSignalUrl } from "./tabs.js";
+import { TabGate, leaveOnPagehide, tabId, tabSignalUrl } from "./tabs.js";
 import { PeerLink } from "./peer.js";
 import { FrameStamps, readStats, renderStats } from "./stats.js";
 
@@ -110,6 +110,8 @@ const input = new InputController({
 });
 const TAB = tabId();
 const tabGate = new TabGate($("#elsewhere"), () => { if (app.session) connect({ takeover: true }); });
+leaveOnPagehide(() => (app.session && app.token && !tabGate.state && !app.ending
+  && SEATED_STATES.includes(app.session.state) ? { sessionId: app.session.id, token: app.token } : null), TAB);
 const stamps = new FrameStamps(video, () => app.view === "stream");
 
 // =========================================================================================

@@ -5,6 +5,10 @@
 // with a "Continue here" button, which reconnects with ?takeover=1; the tab that held it gets "moved",
 // shows "This session moved to another tab" with "Take it back", and stops reconnecting.  Neither tab
 // reconnects on its own: the user decides where the session is.
+//
+// Closing the tab on purpose (pagehide) tells the broker at once (a keepalive fetch to
+// /sessions/{id}/leave): the seat is kept for the pool's short close_grace_s instead of the whole
+// disconnect timeout a network drop gets.  A tab that does not hold the session sends nothing.
 
 const TAB_KEY = "rb.tab";
 
@@ -62,4 +66,21 @@ export class TabGate {
     this.overlay.hidden = true;
     delete document.body.dataset.elsewhere;
   }
+}
+
+/**
+ * On pagehide, tell the broker this tab is leaving on purpose.
+ * @param {() => ({sessionId: string, token: string} | null)} current  null when there is nothing to leave
+ * @param {string} tab  this tab's id
+ */
+export function leaveOnPagehide(current, tab) {
+  window.addEventListener("pagehide", () => {
+    const c = current();
+    if (!c) return;
+    const url = `/api/v1/sessions/${encodeURIComponent(c.sessionId)}/leave?tab=${encodeURIComponent(tab)}`;
+    try {
+      fetch(url, { method: "POST", keepalive: true, headers: { Authorization: `Bearer ${c.token}` } })
+        .catch(() => { /* the page is going away; the disconnect timeout still applies */ });
+    } catch { /* no fetch while unloading: the disconnect timeout applies */ }
+  });
 }

@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import uuid
 from typing import Any, Final
 
@@ -36,6 +35,7 @@ from aiohttp import WSMsgType, web
 from broker.errors import Conflict, MalformedBody, NotFound, ValidationError
 from broker.http.api import parse_json, principal, require_host, routes
 from broker.keys_app import BROKER, HUB
+from broker.models import TAB_RE
 from broker.protocol import API_PREFIX, SIGNAL_MAX_BYTES, NodeCommand, Role, SessionState, SignalType
 from broker.store.keys import VIEWER_TAB_RENEW_S
 
@@ -44,7 +44,6 @@ SIGNAL_TYPES = frozenset(t.value for t in SignalType)
 log = logging.getLogger(__name__)
 
 SSE_KEEPALIVE_S = 15.0
-TAB_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a browser tab's id on the signaling socket
 
 
 async def _sse_send(resp: web.StreamResponse, event: str, data: dict[str, Any]) -> None:

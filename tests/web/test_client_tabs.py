@@ -3,13 +3,18 @@
 A real broker and ``render-node`` (the built-in game: no display needed).  Page 1 streams; page 2,
 signed in as the same user, finds the live session and is told it is open in another tab (page 1
 keeps streaming).  "Continue here" moves the stream to page 2; page 1 shows "moved" and does not
-reconnect by itself; "Take it back" moves it back.
+reconnect by itself; "Take it back" moves it back.  Closing the tab that lost the session leaves no
+mark; closing the one that holds it marks the session left (the short close grace).
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import aiohttp
 import pytest
+import redis.asyncio as aioredis
 
 from tests.conftest import ADMIN
 from tests.procs import Proc
@@ -35,7 +40,7 @@ async def _decodes(page, more: int) -> None:  # type: ignore[no-untyped-def]
 
 
 async def test_a_second_tab_continues_here_and_the_first_is_told(
-    broker: Proc, http: aiohttp.ClientSession, browser, tmp_path
+    broker: Proc, http: aiohttp.ClientSession, browser, tmp_path, redis_url: str, prefix: str
 ) -> None:
     base, api = broker.url, f"{broker.url}/api/v1"
     await call(http, "PUT", f"{api}/pools/arcade", ADMIN, {"kind": "game", "max_sessions_per_gpu": 1})
@@ -75,6 +80,20 @@ async def test_a_second_tab_continues_here_and_the_first_is_told(
         await second.locator('body[data-elsewhere="moved"]').wait_for(timeout=10_000)
         await first.wait_for_function("() => window.renderBroker.elsewhere === null")
         await _decodes(first, 10)
-        await first.click("#btn-end")
-        await first.locator('body[data-view="ended"]').wait_for()
         assert not errors, errors
+
+        # closing tabs: the one that lost the session leaves nothing behind; the one that holds it tells
+        # the broker (pagehide -> keepalive POST /leave), which marks the session for the short grace
+        sid = await first.evaluate("window.renderBroker.sessionId")
+        key = f"{prefix}:session:{sid}"
+        r = aioredis.from_url(redis_url)
+        try:
+            await second.goto("about:blank")
+            assert await r.hget(key, "left_ms") in (None, b"0")
+            await first.goto("about:blank")
+            deadline = time.monotonic() + 10
+            while int(await r.hget(key, "left_ms") or 0) == 0:
+                assert time.monotonic() < deadline, "the closing tab never told the broker"
+                await asyncio.sleep(0.05)
+        finally:
+            await r.aclose()
