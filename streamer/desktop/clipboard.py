@@ -111,6 +111,8 @@ class ClipboardWatcher:
             dpy.xfixes_query_version()
             self._owner_event = dpy.query_extension("XFIXES").first_event + xfixes.XFixesSelectionNotify
             root = dpy.screen().root
+            # override_redirect: a window the WM must never manage.  Without it, keys typed into
+            # xterm under openbox were lost (tests/streamer/media/test_session.py's typing test).
             self._window = root.create_window(-10, -10, 1, 1, 0, X.CopyFromParent,
                                               event_mask=X.PropertyChangeMask, override_redirect=True)
             self._atoms = {name: dpy.intern_atom(name) for name in self._selection_names}

@@ -894,6 +894,7 @@ class SessionRuntime:
                 await self._running.wait()
                 width, height = size = self._want_size
                 t0 = time.perf_counter()
+                old = self._display.size
                 try:
                     await self._display.resize(width, height)
                     source = await asyncio.to_thread(
@@ -902,6 +903,8 @@ class SessionRuntime:
                 except Exception as exc:  # boundary: a failed resize keeps the old screen
                     log.warning("session %s: resize to %dx%d failed: %r", self.spec.id, width, height, exc)
                     self._want_size = None
+                    with contextlib.suppress(Exception):  # the capture in use still grabs the old size
+                        await self._display.resize(*old)
                     return
                 if self._pipeline is None:
                     source.close()

@@ -74,3 +74,16 @@ def test_the_policy_and_the_deadline_agree_on_the_grace() -> None:
     longer = Timeouts(queue_timeout_s=60, idle_timeout_s=0, disconnect_timeout_s=20, max_duration_s=0,
                       close_grace_s=30)
     assert next_due_ms(left, longer) == 30_000  # the grace never lengthens a shorter disconnect timeout
+
+
+async def test_a_pool_stored_before_the_setting_gets_the_default_grace(api) -> None:
+    await setup_pool(api, "p1", hosts=1, disconnect_timeout_s=300)
+    tok, s = await new_session(api, "u1")
+    live = api.app[BROKER].live
+    await live.redis.hdel(live.keys.pool("p1"), "close_grace_s")  # as an older broker wrote it
+    await _state(api, s["id"], "running")
+    await _state(api, s["id"], "disconnected")
+    assert (await (await api.post(f"/api/v1/sessions/{s['id']}/leave", headers=auth(tok))).json())["left"]
+    disconnected = (await live.get_session(s["id"]))["disconnected_ms"]
+    due = await live.redis.zscore(live.keys.due_sessions, s["id"])
+    assert int(due) == disconnected + 30_000  # lifecycle.CLOSE_GRACE_DEFAULT_S, not 0 (= at once)
