@@ -127,6 +127,7 @@ SEND_RATE_WINDOW_S: Final = RATE_MATCH_WINDOW_MS / 1000
 MIN_MEDIA_PERCENT: Final = 50
 RTX_PACKET_BYTES: Final = 1_200  # assumed size of a retransmitted packet before any was sent
 LOSS_MIN_PACKETS: Final = 50  # receiver-report loss is judged over at least this many packets
+SOURCE_SWITCH_TIMEOUT_S: Final = 5.0  # a frame in progress (grab + encode) ends well within this
 DECISION_LOG_SIZE: Final = 100  # control steps kept in stats()["decisions"] (10 s at 100 ms)
 
 EventCallback = Callable[[str, dict[str, Any]], Awaitable[None]]
@@ -887,6 +888,19 @@ class SessionRuntime:
         if self._resize_task is None:
             self._resize_task = self._spawn(self._apply_resizes())
 
+    async def _use_capture(self, width: int, height: int) -> bool:
+        """Open a capture of ``width x height`` and wait until the frame thread grabs from it (False: stopped)."""
+        assert self._display is not None
+        source = await asyncio.to_thread(open_capture, self._display.name, width, height,
+                                         backend=cast(Literal["auto", "x11grab", "mss"], self.config.capture_backend))
+        if self._pipeline is None:
+            source.close()
+            return False
+        installed = self._pipeline.replace_source(source)
+        self._source = source
+        await asyncio.to_thread(installed.wait, SOURCE_SWITCH_TIMEOUT_S)
+        return True
+
     async def _apply_resizes(self) -> None:
         """Set the wanted size until it holds: RandR, a capture at that size, the ladder rebuilt, a new encoder."""
         try:
@@ -895,22 +909,26 @@ class SessionRuntime:
                 width, height = size = self._want_size
                 t0 = time.perf_counter()
                 old = self._display.size
+                # A capture never grabs outside the screen (x11grab fails there): first a capture of
+                # the part both sizes share, in use before the screen changes; then, if the screen
+                # grew along a side, one of the new size once it has.
+                shared = (min(width, old[0]), min(height, old[1]))
                 try:
+                    if shared != old and not await self._use_capture(*shared):
+                        return
                     await self._display.resize(width, height)
-                    source = await asyncio.to_thread(
-                        open_capture, self._display.name, width, height,
-                        backend=cast(Literal["auto", "x11grab", "mss"], self.config.capture_backend))
-                except Exception as exc:  # boundary: a failed resize keeps the old screen
+                    if size != shared and not await self._use_capture(width, height):
+                        return
+                except Exception as exc:  # boundary: a failed resize keeps (or restores) the old screen
                     log.warning("session %s: resize to %dx%d failed: %r", self.spec.id, width, height, exc)
                     self._want_size = None
-                    with contextlib.suppress(Exception):  # the capture in use still grabs the old size
+                    with contextlib.suppress(Exception):
+                        await self._use_capture(*shared)
                         await self._display.resize(*old)
+                        await self._use_capture(*old)
                     return
                 if self._pipeline is None:
-                    source.close()
                     return
-                self._pipeline.replace_source(source)
-                self._source = source
                 self._ladder = ladder_policy.desktop_ladder(width, height, self.spec.fps)
                 rung = (self._controller.set_ladder(self._ladder) if self._controller is not None
                         else ladder_policy.initial_state(self._ladder, self._profile.start_bps).rung)

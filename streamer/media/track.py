@@ -213,6 +213,7 @@ class FramePipeline:
         self._pending_encoder: VideoEncoder | None = None  # (L) installed by the thread before the next frame
         self._pending_fps: int | None = None  # (L)
         self._pending_source: FrameSource | None = None  # (L) installed by the thread before the next frame
+        self._source_installed = threading.Event()  # (L) set once the pending source is in use
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._started = False
         self._closed = False
@@ -279,20 +280,24 @@ class FramePipeline:
             previous.close()  # never installed, so the thread cannot be using it
         self._wake.set()
 
-    def replace_source(self, source: FrameSource) -> None:
+    def replace_source(self, source: FrameSource) -> threading.Event:
         """Grab from ``source`` from the next frame on (a resized screen's capture).
 
         The caller keeps ``source`` (it closes it when it is done with the session); the source it
         replaces becomes the pipeline's: the frame thread closes it once it switched, or ``close``
-        does if the switch never happened.
+        does if the switch never happened.  The event is set once no grab of the old source can
+        happen any more (the thread switched, between two frames).
         """
+        installed = threading.Event()
         with self._lock:
             if self._closed:
                 raise RuntimeError("pipeline closed")
             previous, self._pending_source = self._pending_source, source
+            self._source_installed = installed
         if previous is not None:
             previous.close()  # never installed; its caller handed it over by replacing it
         self._wake.set()
+        return installed
 
     def set_fps(self, fps: int) -> None:
         """Pace at ``fps`` frames per second from the next tick on."""
@@ -369,11 +374,13 @@ class FramePipeline:
                 sink = self._sink
                 new_encoder, self._pending_encoder = self._pending_encoder, None
                 new_source, self._pending_source = self._pending_source, None
+                installed = self._source_installed
                 if self._pending_fps is not None:
                     self._fps, self._pending_fps = self._pending_fps, None
                 period_s = 1.0 / self._fps
             if new_source is not None:
                 old_source, self._source = self._source, new_source
+                installed.set()
                 try:
                     old_source.close()
                 except Exception:  # a capture that fails to close must not end the stream

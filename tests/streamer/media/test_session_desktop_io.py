@@ -113,4 +113,6 @@ async def test_the_screen_follows_the_viewers_window_within_the_limits(
     await viewer.wait_frames(5, after=before)
     assert (viewer.frames[-1].width, viewer.frames[-1].height) == (last.width, last.height)
     assert runtime.resizes == 3
+    # a capture never grabbed outside the screen while it changed size: no frame failed
+    assert runtime._pipeline is not None and runtime._pipeline.stats().failures == 0
     assert (runtime.stats()["width"], runtime.stats()["height"]) == (last.width, last.height)
