@@ -129,3 +129,50 @@ async def test_clipboard_resize_and_sound_controls(
         assert await page.evaluate("window.renderBroker.sound") == {"muted": True, "volume": 0.3}
         assert await page.evaluate("window.renderBroker.hidpi") is False
         assert not errors, errors
+
+
+async def test_a_2x_screen_gets_a_remote_screen_in_device_pixels_unless_turned_off(
+    broker: Proc, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """devicePixelRatio 2: a 640x360 CSS window asks for (and decodes) 1280x720; HiDPI off: 640x360."""
+    import os
+
+    from bench.common import CHROMIUM, CHROMIUM_ARGS
+
+    for tool in ("Xvfb", "openbox", "xterm"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed (Debian package)")
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium package")
+    from playwright.async_api import async_playwright
+
+    base, api = broker.url, f"{broker.url}/api/v1"
+    await call(http, "PUT", f"{api}/pools/retina", ADMIN, {"kind": "desktop", "max_sessions_per_gpu": 1,
+                                                           "allow_resize": True})
+    async with render_node(base, "retina", tmp_path / "render-node.log") as node, async_playwright() as pw:
+        await wait_host(http, base, node)
+        ctx = await pw.chromium.launch_persistent_context(
+            str(tmp_path / "profile-2x"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 640, "height": 360}, device_scale_factor=2)
+        try:
+            token = await user_token(http, base, "retina")
+            page = await ctx.new_page()
+            errors = page_errors(page)
+            await page.goto(f"{base}/")
+            assert await page.evaluate("window.devicePixelRatio") == 2
+            await page.fill("#token", token)
+            await page.click("#signin-submit")
+            await page.locator('#pools article[data-pool="retina"] button').click()
+            await page.locator('body[data-view="stream"]').wait_for(timeout=20_000)
+            await page.wait_for_function("() => window.renderBroker.lastResize === '1280x720'", timeout=10_000)
+            video_size = ("() => { const v = document.querySelector('#video');"
+                          " return `${v.videoWidth}x${v.videoHeight}`; }")
+            await page.wait_for_function(f"() => ({video_size})() === '1280x720'", timeout=20_000)
+            await page.click("#btn-hidpi")  # a weak link: CSS pixels, a quarter of the pixels to encode
+            await page.wait_for_function(f"() => ({video_size})() === '640x360'", timeout=20_000)
+            assert await page.evaluate("window.renderBroker.lastResize") == "640x360"
+            await page.click("#btn-end")
+            await page.locator('body[data-view="ended"]').wait_for()
+            assert not errors, errors
+        finally:
+            await ctx.close()
