@@ -6,14 +6,16 @@
 // The broker is the source of truth for the session state; this page follows it.
 //
 // Modules: peer.js owns one WebRTC connection (offer, answer, candidates, data channel),
-// input.js turns keyboard/mouse/gamepad/clipboard/resize into data-channel messages, stats.js
-// reads getStats and frame stamps.  This module owns the views, the session lifecycle and
+// input.js turns keyboard/mouse/gamepad/paste into data-channel messages, resize.js sends the video
+// area's size (HiDPI), clipboard.js puts the remote clipboard into the system's, sound.js owns mute
+// and volume, tabs.js keeps one tab at a time on the session, stats.js reads getStats and frame stamps.  This module owns the views, the session lifecycle and
 // reconnecting: if the peer connection fails or the signaling socket drops, GET the session and,
 // while it is still live, re-signal the same session with a new PeerLink (no new queue entry)
 // until the pool's disconnect timeout would end it anyway.
 //
-// Size: about 690 lines on purpose: the views, the session lifecycle and reconnecting share one
-// session's state; what does not need it already lives in peer.js, input.js, stats.js, playout.js.
+// Size: about 720 lines on purpose: the views, the session lifecycle and reconnecting share one
+// session's state; what does not need it already lives in peer.js, input.js, stats.js, playout.js,
+// resize.js, clipboard.js, sound.js and tabs.js.
 
 import { EndReason, EventType, InputType, NodeEventType, PoolKind, Role, SEATED_STATES, SessionState } from "./protocol.js";
 import { $, ApiError, api, el, fmtDuration, problemText, render, sleep, tokenStore, withToken } from "./common.js";

@@ -6,11 +6,15 @@ the new owner's selection to ``UTF8_STRING`` (``STRING`` when the owner refuses)
 hidden window, reads the text (``INCR`` transfers included) and calls ``on_text(text, selection)``.
 ``ClipboardSync`` is the pure rule that keeps the two sides from echoing each other: text the
 viewer pasted comes back from the display (xclip becomes the new owner) and is not sent back.
+``ClipboardBridge`` is what a session runs: the watcher, the rule, and the text a viewer has not
+got yet (copied while none was connected), sent as a ``cb`` node event.
 
 Concurrency model: one daemon thread (``rb-clip-<session>``) owns the watcher's X connection
 (python-xlib connections are not shared between threads) and blocks in ``select`` on it and on a
 wake pipe that ``close`` writes to.  ``on_text`` runs on that thread: the caller hands the text to
-its event loop (``loop.call_soon_threadsafe``).  ``ClipboardSync`` is used on the event loop only.
+its event loop (``loop.call_soon_threadsafe``; ``ClipboardBridge`` does).  ``ClipboardSync`` and
+``ClipboardBridge`` are used on the event loop only, apart from the bridge's blocking start/close, which
+it runs in worker threads.
 
 Invariants:
 - text longer than ``max_chars`` characters is never passed on (counted as ``too_long``), and a
@@ -22,6 +26,8 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import select
@@ -37,7 +43,7 @@ from Xlib.error import ConnectionClosedError, XError
 from Xlib.error import DisplayError as XDisplayError
 from Xlib.ext import xfixes
 
-from broker.protocol import CLIPBOARD_MAX_CHARS
+from broker.protocol import CLIPBOARD_MAX_CHARS, NodeEventType
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +260,60 @@ class ClipboardWatcher:
         return None
 
 
+class ClipboardBridge:
+    """A session's remote clipboard -> its viewer (``send`` a node event; False: no open channel)."""
+
+    def __init__(self, display_name: str, send: Callable[[dict[str, Any]], bool], *,
+                 selections: Sequence[str] = ("CLIPBOARD",), thread_name: str = "rb-clip") -> None:
+        self._display_name = display_name
+        self._send = send
+        self._selections = tuple(selections)
+        self._thread_name = thread_name
+        self.sync = ClipboardSync()
+        self.pending: str | None = None  # copied while no viewer could get it
+        self._watcher: ClipboardWatcher | None = None
+
+    async def start(self) -> bool:
+        """Watch the display (False, logged: no XFixes, the clipboard goes viewer -> remote only)."""
+        loop = asyncio.get_running_loop()
+
+        def changed(text: str, selection: str) -> None:  # the watcher's thread
+            with contextlib.suppress(RuntimeError):  # the loop closed: the session is gone
+                loop.call_soon_threadsafe(self._changed, text)
+
+        watcher = ClipboardWatcher(self._display_name, changed, selections=self._selections,
+                                   thread_name=self._thread_name)
+        try:
+            await asyncio.to_thread(watcher.start)
+        except ClipboardError as exc:
+            log.warning("the clipboard of %s is not watched: %s", self._display_name, exc)
+            return False
+        self._watcher = watcher
+        return True
+
+    def from_viewer(self, text: str) -> None:
+        """The viewer pasted ``text`` (the input router's hook): it must not come back."""
+        self.sync.from_viewer(text)
+
+    def viewer_ready(self) -> None:
+        """A viewer's channel opened: give it what was copied meanwhile."""
+        if self.pending is not None:
+            self._deliver(self.pending)
+
+    def _changed(self, text: str) -> None:
+        if self._watcher is not None and self.sync.from_remote(text):
+            self._deliver(text)
+
+    def _deliver(self, text: str) -> None:
+        sent = self._send({"t": NodeEventType.CLIPBOARD.value, "text": text})
+        self.pending = None if sent else text
+
+    async def close(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            await asyncio.to_thread(watcher.close)
+
+
 def _as_bytes(value: Any) -> bytes:
     if isinstance(value, bytes):
         return value
@@ -262,4 +322,4 @@ def _as_bytes(value: Any) -> bytes:
     return bytes(value)  # an array of 8-bit items
 
 
-__all__ = ["ClipboardError", "ClipboardSync", "ClipboardWatcher", "XError"]
+__all__ = ["ClipboardBridge", "ClipboardError", "ClipboardSync", "ClipboardWatcher", "XError"]

@@ -17,6 +17,10 @@ ladder rung -> a new encoder at that size/fps (one keyframe), installed by the
 frame thread between frames.  Every control step is kept as telemetry
 (``stats()["decisions"]``: the newest ``DECISION_LOG_SIZE`` records of target,
 reasons, rung and signals; ``stats()["decision_counts"]``: steps per reason).
+Desktops also send the viewer their clipboard (``streamer.desktop.clipboard.ClipboardBridge``) and
+follow the viewer's window (``rs``): ``streamer.abr.viewport`` fits the size, RandR sets it, a capture of
+the new size replaces the old one (never grabbing outside the screen) and the ladder is rebuilt on it
+(a new encoder, one keyframe).
 ``stop()`` tears everything down.
 
 Events (``on_event(name, info)``, delivered in order from one task):
@@ -44,7 +48,7 @@ Invariants:
 - a viewer's malformed messages are counted and dropped; a bad offer is
   answered with an ``error`` message, never an exception.
 
-Size: about 1,060 lines on purpose: the start and stop order of one session (display, capture, encoder,
+Size: about 1,160 lines on purpose: the start and stop order of one session (display, capture, encoder,
 frame thread, peer, control loop) is read in one place to check that every error path tears down what
 was started; the parts it composes live in their own modules.
 """
@@ -90,7 +94,7 @@ from streamer.abr.control import (
 from streamer.abr.ladder import Rung
 from streamer.desktop.audio import AudioCapture, AudioError, AudioServer, audio_available
 from streamer.desktop.capture import FrameSource, GameRendererUnavailable, open_capture
-from streamer.desktop.clipboard import ClipboardError, ClipboardSync, ClipboardWatcher
+from streamer.desktop.clipboard import ClipboardBridge
 from streamer.desktop.display import DisplayConfig, VirtualDisplay, app_env, gpu_render_env
 from streamer.desktop.game import Game
 from streamer.desktop.inputsink import GameSource, InputRouter, XInputSink, wall_clock_ms
@@ -382,11 +386,9 @@ class SessionRuntime:
         self._decision_counts: Counter[str] = Counter()
         self._start_task: asyncio.Task[Any] | None = None
         self._stop_task: asyncio.Task[None] | None = None
-        # Clipboard and resize (desktop sessions): the remote selection's watcher, the no-echo rule,
-        # the text the viewer has not got yet; the screen size wanted and the task that sets it.
-        self._clipboard: ClipboardWatcher | None = None
-        self._clip_sync = ClipboardSync()
-        self._clip_pending: str | None = None
+        # Clipboard and resize (desktop sessions): the remote clipboard -> the viewer; the screen size
+        # wanted and the task that sets it.
+        self._clipboard: ClipboardBridge | None = None
         self._viewport: viewport_policy.ViewportLimits | None = None
         self._want_size: tuple[int, int] | None = None
         self._resize_task: asyncio.Task[None] | None = None
@@ -422,7 +424,7 @@ class SessionRuntime:
     @property
     def thread_names(self) -> tuple[str, ...]:
         """Name prefixes of the threads this session starts."""
-        return (f"rb-frames-{self.spec.id}", f"rb-input-{self.spec.id}")
+        return (f"rb-frames-{self.spec.id}", f"rb-input-{self.spec.id}", f"rb-clip-{self.spec.id}")
 
     async def start(self) -> None:
         """Bring up source, capture, input and encoder.  On failure (or cancellation) clean up and raise."""
@@ -598,11 +600,15 @@ class SessionRuntime:
                 open_capture, self._display.name, spec.width, spec.height, backend=backend
             )
             self._sink = await XInputSink.open(self._display.name, f"rb-input-{spec.id}")
-            await self._start_clipboard(self._display.name)
+            selections = ("CLIPBOARD", "PRIMARY") if self.config.clipboard_primary else ("CLIPBOARD",)
+            self._clipboard = ClipboardBridge(
+                self._display.name, lambda event: self._peer is not None and self._peer.send_event(event),
+                selections=selections, thread_name=f"rb-clip-{spec.id}")
+            await self._clipboard.start()
             if app:
                 self._spawn(self._watch_app(self._display))
-        self._router = InputRouter(self._sink, on_clipboard=self._clip_sync.from_viewer,
-                                   on_resize=self._resize_requested)
+        self._router = InputRouter(self._sink, on_resize=self._resize_requested,
+                                   on_clipboard=self._clipboard.from_viewer if self._clipboard else None)
         self._probes = await probe_all_async(SENDABLE_BACKENDS, gpu=self._encoder_gpu())
         selection = choose_backend(
             self._probes,
@@ -649,8 +655,7 @@ class SessionRuntime:
             pipeline, self._pipeline = self._pipeline, None
             await asyncio.to_thread(pipeline.close)
         if self._clipboard is not None:
-            clipboard, self._clipboard = self._clipboard, None
-            await asyncio.to_thread(clipboard.close)
+            await self._clipboard.close()
         if isinstance(self._sink, XInputSink):
             await asyncio.to_thread(self._sink.close)
         if self._source is not None:
@@ -840,38 +845,8 @@ class SessionRuntime:
     def _channel_open(self, peer: ViewerPeer) -> None:
         if peer is self._peer and self._pending_warning is not None:
             peer.send_event(self._pending_warning)
-        if peer is self._peer and self._clip_pending is not None:
-            self._send_clipboard(self._clip_pending)
-
-    # -- clipboard (remote -> viewer; viewer -> remote is XInputSink's) --------------------
-
-    async def _start_clipboard(self, display_name: str) -> None:
-        """Watch the display's selections; without XFixes the clipboard goes viewer -> remote only."""
-        loop = asyncio.get_running_loop()
-        selections = ("CLIPBOARD", "PRIMARY") if self.config.clipboard_primary else ("CLIPBOARD",)
-
-        def changed(text: str, selection: str) -> None:  # the watcher's thread
-            with contextlib.suppress(RuntimeError):  # the loop closed: the session is gone
-                loop.call_soon_threadsafe(self._remote_clipboard, text)
-
-        watcher = ClipboardWatcher(display_name, changed, selections=selections,
-                                   thread_name=f"rb-clip-{self.spec.id}")
-        try:
-            await asyncio.to_thread(watcher.start)
-        except ClipboardError as exc:
-            log.warning("session %s: the remote clipboard is not watched: %s", self.spec.id, exc)
-            return
-        self._clipboard = watcher
-
-    def _remote_clipboard(self, text: str) -> None:
-        if self._state in ("running", "starting") and self._clip_sync.from_remote(text):
-            self._send_clipboard(text)
-
-    def _send_clipboard(self, text: str) -> None:
-        """To the viewer now, or when its channel next opens (copied while it was away)."""
-        peer = self._peer
-        sent = peer is not None and peer.send_event({"t": NodeEventType.CLIPBOARD.value, "text": text})
-        self._clip_pending = None if sent else text
+        if peer is self._peer and self._clipboard is not None:
+            self._clipboard.viewer_ready()
 
     # -- resize (the viewer's window -> the desktop's screen) -------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+import threading
 from collections.abc import AsyncIterator
 
 import pytest
@@ -42,6 +43,8 @@ async def desktop() -> AsyncIterator[tuple[SessionRuntime, Viewer]]:
     finally:
         await viewer.close()
         await runtime.stop()
+    # the clipboard watcher's thread (and every other thread of the session) is gone
+    assert not [t.name for t in threading.enumerate() if t.name.endswith("-desk-io")]
 
 
 def _xclip(display: str, *args: str, text: bytes | None = None) -> str:
