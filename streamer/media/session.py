@@ -1028,8 +1028,10 @@ class SessionRuntime:
         if self._pipeline is None:
             return
         encoder_bps = media_bps(step.encoder_bps, self._retransmit_bps)
-        if step.ladder.changed and step.ladder.rung not in self._ladder.rungs:
-            return  # decided on the ladder of a screen size that has just changed
+        if step.ladder.rung not in self._ladder.rungs:  # decided on an older screen size's ladder
+            if self._controller is not None:
+                self._controller.set_ladder(self._ladder)
+            return
         if step.ladder.changed:
             rung = step.ladder.rung
             log.info(
