@@ -41,6 +41,8 @@ START_TIMEOUT_MS: Final = 60_000  # a node that has not started a session in 60 
 MASS_EXPIRY_SHARE: Final = 0.1
 MASS_EXPIRY_MIN: Final = 5
 MASS_EXPIRY_RATE: Final = 0.01
+# A pool's close_grace_s when its record has none (pools stored before the setting existed)
+CLOSE_GRACE_DEFAULT_S: Final = 30
 
 
 def next_state_allowed(current: SessionState, new: SessionState) -> bool:
@@ -57,6 +59,10 @@ class SessionClock:
     seated_ms: int = 0
     last_active_ms: int = 0
     disconnected_ms: int = 0
+    # When the viewer's tab said it is closing on purpose (pagehide); 0: it did not, or a viewer
+    # connected since.  A disconnected session that was left ends after close_grace_s instead of
+    # disconnect_timeout_s (the shorter of the two).
+    left_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class Timeouts:
     disconnect_timeout_s: int
     max_duration_s: int
     start_timeout_ms: int = START_TIMEOUT_MS
+    close_grace_s: int = CLOSE_GRACE_DEFAULT_S
 
 
 @dataclass(frozen=True)
@@ -98,9 +105,10 @@ def reap(s: SessionClock, t: Timeouts, now_ms: int) -> ReapDecision:
         return KEEP
     if s.state == S.DISCONNECTED:
         gone = now_ms - (s.disconnected_ms or seated)
-        if gone >= t.disconnect_timeout_s * 1000:
-            return ReapDecision(True, EndReason.DISCONNECT_TIMEOUT,
-                                f"disconnected {gone} ms >= {t.disconnect_timeout_s} s")
+        limit_s = disconnect_limit_s(s, t)
+        if gone >= limit_s * 1000:
+            why = "the viewer closed its tab, " if limit_s < t.disconnect_timeout_s else ""
+            return ReapDecision(True, EndReason.DISCONNECT_TIMEOUT, f"{why}disconnected {gone} ms >= {limit_s} s")
     if t.idle_timeout_s:
         idle = now_ms - max(s.last_active_ms, seated)
         if idle >= t.idle_timeout_s * 1000:
@@ -144,6 +152,11 @@ def grace_gap_ms(lease_ttl_s: float, reaper_interval_s: float) -> int:
     return int(max(lease_ttl_s / 3, 2 * reaper_interval_s) * 1000)
 
 
+def disconnect_limit_s(s: SessionClock, t: Timeouts) -> int:
+    """How long a disconnected session is kept: the close grace once its viewer left on purpose."""
+    return min(t.disconnect_timeout_s, t.close_grace_s) if s.left_ms else t.disconnect_timeout_s
+
+
 def next_due_ms(s: SessionClock, t: Timeouts) -> int | None:
     """The earliest ``now_ms`` at which ``reap(s, t, now_ms)`` ends this session (None: never, as it stands).
 
@@ -162,7 +175,7 @@ def next_due_ms(s: SessionClock, t: Timeouts) -> int | None:
         due.append(seated + t.start_timeout_ms)
         return min(due)
     if s.state == S.DISCONNECTED:
-        due.append((s.disconnected_ms or seated) + t.disconnect_timeout_s * 1000)
+        due.append((s.disconnected_ms or seated) + disconnect_limit_s(s, t) * 1000)
     if t.idle_timeout_s:
         due.append(max(s.last_active_ms, seated) + t.idle_timeout_s * 1000)
     return min(due) if due else None

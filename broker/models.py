@@ -19,6 +19,7 @@ from broker.protocol import PlacementStrategy, PoolKind
 from broker.validate import Field, validate
 
 NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")  # pool/host ids: DNS-label-like
+TAB_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a browser tab's id (signaling ?tab=, /leave?tab=)
 USER_RE: Final = re.compile(r"^[A-Za-z0-9._@+-]{1,128}$")
 # A node version (an image tag, a package version, a build id): printable ASCII, no blanks at either end
 VERSION_RE: Final = re.compile(r"^(?:[\x21-\x7e](?:[\x20-\x7e]{0,62}[\x21-\x7e])?)?$")
@@ -61,6 +62,9 @@ POOL_SCHEMA: Final = {
     "idle_timeout_s": Field("int", default=1800, minimum=0, maximum=7 * DAY_S,
                             description="0 disables the idle timeout"),
     "disconnect_timeout_s": Field("int", default=300, minimum=0, maximum=DAY_S),
+    "close_grace_s": Field("int", default=30, minimum=0, maximum=DAY_S,
+                           description="A viewer that closed its tab on purpose (pagehide) keeps its seat this long "
+                                       "(at most disconnect_timeout_s); a network drop keeps disconnect_timeout_s"),
     "max_duration_s": Field("int", default=8 * 3600, minimum=0, maximum=30 * DAY_S,
                             description="0 disables the maximum duration"),
     "max_sessions_per_user": Field("int", default=1, minimum=1, maximum=64),
@@ -83,6 +87,7 @@ class PoolConfig:
     queue_timeout_s: int = 600
     idle_timeout_s: int = 1800
     disconnect_timeout_s: int = 300
+    close_grace_s: int = 30
     max_duration_s: int = 8 * 3600
     max_sessions_per_user: int = 1
     allow_resize: bool = True

@@ -23,7 +23,7 @@ API_PREFIX: Final = "/api/v1"
 # data channels).  Raised by one for every change a client can observe, compatible additions
 # included; docs/protocol.md's change log says what changed and whether it breaks old clients.
 # tests/web/test_protocol_doc.py checks that the document states this number.
-PROTOCOL_VERSION: Final = 3
+PROTOCOL_VERSION: Final = 4
 
 
 class SessionState(StrEnum):
@@ -96,6 +96,11 @@ class SignalType(StrEnum):
     ERROR = "error"  # broker -> either: {"type": "error", "code": ..., "detail": ...}
     PEER_JOINED = "peer_joined"  # broker -> either: the other side connected
     PEER_LEFT = "peer_left"  # broker -> either: the other side disconnected
+    # broker -> viewer, then the socket closes: another tab of the user holds the session's viewer;
+    # connect again with ?takeover=1 to take it ("continue here?")
+    IN_USE = "in_use"
+    # broker -> viewer, then the socket closes: another tab took the session over; do not reconnect
+    MOVED = "moved"
 
 
 SIGNAL_MAX_BYTES: Final = 64 * 1024  # an SDP with many candidates stays far below this

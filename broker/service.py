@@ -423,6 +423,15 @@ class Broker:
             raise Conflict(f"session {sid!r} cannot become {data['state']}", field="state")
         return {"status": status}
 
+    async def leave_session(self, who: Principal, sid: str, tab: str) -> dict[str, Any]:
+        """The viewer's tab is closing on purpose: once disconnected, the session ends after the pool's
+        ``close_grace_s`` (not ``disconnect_timeout_s``).  Ignored while another tab holds the viewer."""
+        s = await self._load_session(sid)
+        self.check_owner(who, s)
+        result = await self.live.leave_session(sid, tab, self.clock())
+        return {"id": sid, "left": result == 1,
+                "reason": {1: "left", 0: "not_seated", -1: "another_tab"}.get(result, "unknown")}
+
     async def touch_session(self, sid: str) -> None:
         await self.live.touch(sid, self.clock())
 
@@ -556,7 +565,8 @@ class Broker:
             cfg = pools[name]
             if cfg is None:
                 return None
-            return Timeouts(cfg.queue_timeout_s, cfg.idle_timeout_s, cfg.disconnect_timeout_s, cfg.max_duration_s)
+            return Timeouts(cfg.queue_timeout_s, cfg.idle_timeout_s, cfg.disconnect_timeout_s, cfg.max_duration_s,
+                            close_grace_s=cfg.close_grace_s)
 
         while True:
             ids = await self.live.claim_due_sessions(now, REAP_BATCH, REAP_CLAIM_MS)
@@ -630,7 +640,7 @@ class Broker:
 
 def _session_clock(s: dict[str, Any]) -> SessionClock:
     return SessionClock(SessionState(s["state"]), s["created_ms"], s["seated_ms"], s["last_active_ms"],
-                        s["disconnected_ms"])
+                        s["disconnected_ms"], s.get("left_ms", 0))
 
 
 async def run_every(interval_s: float, step: Callable[[], Any], name: str, stop: asyncio.Event,

@@ -6,20 +6,26 @@
 // The broker is the source of truth for the session state; this page follows it.
 //
 // Modules: peer.js owns one WebRTC connection (offer, answer, candidates, data channel),
-// input.js turns keyboard/mouse/gamepad/clipboard/resize into data-channel messages, stats.js
-// reads getStats and frame stamps.  This module owns the views, the session lifecycle and
+// input.js turns keyboard/mouse/gamepad/paste into data-channel messages, resize.js sends the video
+// area's size (HiDPI), clipboard.js puts the remote clipboard into the system's, sound.js owns mute
+// and volume, tabs.js keeps one tab at a time on the session, stats.js reads getStats and frame stamps.  This module owns the views, the session lifecycle and
 // reconnecting: if the peer connection fails or the signaling socket drops, GET the session and,
 // while it is still live, re-signal the same session with a new PeerLink (no new queue entry)
 // until the pool's disconnect timeout would end it anyway.
 //
-// Size: about 690 lines on purpose: the views, the session lifecycle and reconnecting share one
-// session's state; what does not need it already lives in peer.js, input.js, stats.js, playout.js.
+// Size: about 720 lines on purpose: the views, the session lifecycle and reconnecting share one
+// session's state; what does not need it already lives in peer.js, input.js, stats.js, playout.js,
+// resize.js, clipboard.js, sound.js and tabs.js.
 
 import { EndReason, EventType, InputType, NodeEventType, PoolKind, Role, SEATED_STATES, SessionState } from "./protocol.js";
 import { $, ApiError, api, el, fmtDuration, problemText, render, sleep, tokenStore, withToken } from "./common.js";
 import { hideWarning, showProblem, showWarning, toast } from "./ui.js";
 import { PROFILE_LIMITS, estimateWaitS, evenSize } from "./calc.js";
 import { InputController } from "./input.js";
+import { RemoteClipboard } from "./clipboard.js";
+import { ResizeFollower } from "./resize.js";
+import { SoundControls } from "./sound.js";
+import { TabGate, leaveOnPagehide, tabId, tabSignalUrl } from "./tabs.js";
 import { PeerLink } from "./peer.js";
 import { FrameStamps, readStats, renderStats } from "./stats.js";
 
@@ -84,17 +90,30 @@ const video = $("#video");
 // browser still refuses, the next click or key in the page starts it.
 const sound = el("audio", { id: "sound", autoplay: true, hidden: true });
 document.body.append(sound);
+new SoundControls(sound, $("#btn-mute"), $("#volume"));
+const remoteClipboard = new RemoteClipboard({ button: $("#btn-clip"), notify: (text) => toast(text) });
+const streamActive = () => app.view === "stream" && Boolean(app.link && app.link.channelOpen);
+const resizer = new ResizeFollower({
+  area: $("#view-stream"),
+  send: (msg) => Boolean(app.link && app.link.send(msg)),
+  allowed: () => Boolean(app.pool && app.pool.allow_resize),
+  active: streamActive,
+  button: $("#btn-hidpi"),
+});
 const input = new InputController({
   video,
   send: (msg) => Boolean(app.link && app.link.send(msg)),
-  active: () => app.view === "stream" && Boolean(app.link && app.link.channelOpen),
+  active: streamActive,
   backlog: () => (app.link ? app.link.backlog : 0),
   gameMode: () => Boolean(app.pool && app.pool.kind === PoolKind.GAME),
-  allowResize: () => Boolean(app.pool && app.pool.allow_resize),
   toggleStats: () => toggleStats(),
   streaming: () => app.view === "stream",
   hint: (text) => hint(text),
 });
+const TAB = tabId();
+const tabGate = new TabGate($("#elsewhere"), () => { if (app.session) connect({ takeover: true }); });
+leaveOnPagehide(() => (app.session && app.token && !tabGate.state && !app.ending
+  && SEATED_STATES.includes(app.session.state) ? { sessionId: app.session.id, token: app.token } : null), TAB);
 const stamps = new FrameStamps(video, () => app.view === "stream");
 
 // =========================================================================================
@@ -229,7 +248,7 @@ function follow(view) {
     if (!app.startedAt) app.startedAt = Date.now();
     if (view.state !== SessionState.STARTING && app.link) app.link.nodeReady();
     if (!app.firstFrame && app.view !== "starting") showStarting();
-    if (!app.link && !app.reconnecting) connect();
+    if (!app.link && !app.reconnecting && !tabGate.state) connect();
   } else if (view.state === SessionState.ENDED) {
     finish(view);
   }
@@ -345,20 +364,22 @@ function step(name, status) {
 // =========================================================================================
 // the connection
 // =========================================================================================
-async function connect() {
+async function connect({ takeover = false } = {}) {
   closePeer();
+  tabGate.hide();
   const s = app.session;
   const sig = s.signaling || { url: `/api/v1/sessions/${s.id}/signal`, ice_servers: [] };
   const mine = () => app.link === link; // handlers of a replaced link are ignored
   const link = new PeerLink({
-    signalUrl: sig.url, token: app.token, iceServers: sig.ice_servers || [], playout: PLAYOUT_MODE,
+    signalUrl: tabSignalUrl(sig.url, TAB, takeover), token: app.token, iceServers: sig.ice_servers || [],
+    playout: PLAYOUT_MODE,
     starting: () => Boolean(app.session && app.session.state === SessionState.STARTING),
     on: {
       answered: () => { if (mine()) { step("node", "done"); step("ice", "active"); } },
       state: (st) => { if (mine()) onPeerState(st); },
       track: (stream) => { if (mine()) { video.srcObject = stream; watchFirstFrame(); } },
       audio: (stream) => { if (mine()) playSound(stream); },
-      channelOpen: () => { if (mine()) input.channelOpened(); },
+      channelOpen: () => { if (mine()) { input.channelOpened(); resizer.channelOpened(); resizer.send(); } },
       nodeEvent: (data) => { if (mine()) onNodeEvent(data); },
       bye: (reason) => { if (mine()) checkSession(`the node said goodbye${reason ? ` (${reason})` : ""}`); },
       signalError: (msg) => {
@@ -367,6 +388,12 @@ async function connect() {
         if (!link.answered) showProblem("#starting-error", new Error(`${msg.code}: ${msg.detail || ""}`));
       },
       signalClosed: () => { if (mine()) reconnect("the signaling connection dropped"); },
+      elsewhere: (kind, detail) => {
+        if (!mine()) return;
+        input.releaseAll();
+        closePeer(); // no reconnect: the user picks the tab (TabGate's button)
+        tabGate.show(kind, detail);
+      },
     },
   });
   app.link = link;
@@ -410,7 +437,7 @@ function watchFirstFrame() {
     video.focus({ preventScroll: true });
     hint(app.pool && app.pool.kind === PoolKind.GAME ? "Click the video to capture the mouse · Esc releases it · F8 shows stats"
       : "F8 shows stats · paste with Ctrl+V sends your clipboard");
-    input.sendResize();
+    resizer.send();
   };
   if ("requestVideoFrameCallback" in video) video.requestVideoFrameCallback(onFrame);
   else video.addEventListener("loadeddata", onFrame, { once: true });
@@ -444,10 +471,7 @@ function onNodeEvent(data) {
     case NodeEventType.CLIPBOARD:
       if (typeof msg.text === "string") {
         app.remoteClipboard = msg.text;
-        if (navigator.clipboard && navigator.clipboard.writeText) {
-          navigator.clipboard.writeText(msg.text).then(() => toast("Copied from the remote session to your clipboard"),
-            () => { /* no focus or permission: kept in app.remoteClipboard */ });
-        }
+        remoteClipboard.received(msg.text);
       }
       break;
     case NodeEventType.CURSOR:
@@ -486,6 +510,7 @@ async function checkSession(why) {
 
 async function reconnect(why) {
   if (app.reconnecting || app.ending || !app.session || app.session.state === SessionState.ENDED) return;
+  if (tabGate.state) return; // another tab has the session: only the user's choice reconnects
   app.reconnecting = true;
   closePeer();
   $("#live-dot").classList.add("bad");
@@ -540,6 +565,7 @@ function closePeer() {
 function teardown() {
   input.releaseAll(); // while the channel is still open: nothing stays pressed on the remote side
   app.reconnecting = false;
+  tabGate.hide();
   closePeer();
   closeEvents();
   clearInterval(queueTimer);
@@ -652,6 +678,7 @@ function wire() {
   $("#ended-again").addEventListener("click", () => { hideWarning(); setSession(null); showPools(); });
   $("#banner-close").addEventListener("click", hideWarning);
   input.attach();
+  resizer.attach();
   stamps.start();
   setInterval(tick, TICK_MS);
 }
@@ -666,7 +693,15 @@ window.renderBroker = Object.freeze({
   get pc() { return app.link ? app.link.pc : null; },
   get dc() { return app.link ? app.link.dc : null; },
   get remoteClipboard() { return app.remoteClipboard; },
+  get clipboardWrites() { return remoteClipboard.writes; },
+  get clipboardPending() { return remoteClipboard.pending; },
+  get sound() { return { muted: sound.muted, volume: sound.volume }; },
+  get hidpi() { return resizer.hidpi; },
+  get lastResize() { return resizer.last; },
+  get clipboardReceived() { return remoteClipboard.count; },
   get connections() { return app.connections; },
+  get elsewhere() { return tabGate.state; },
+  get tab() { return TAB; },
   stats: () => statsNow(false),
   lastStats: () => app.lastStats,
   send: (msg) => Boolean(app.link && app.link.send(msg)),

@@ -13,11 +13,10 @@
 import {
   CLIPBOARD_MAX_CHARS, GAMEPAD_MAX_AXES, GAMEPAD_MAX_BUTTONS, GAMEPAD_MAX_INDEX, InputType, POINTER_MAX_BUTTON,
 } from "./protocol.js";
-import { RESIZE_LIMITS, clamp, contentRect, evenSize, relativePoint, wheelNotches } from "./calc.js";
+import { clamp, contentRect, relativePoint, wheelNotches } from "./calc.js";
 
 const MOVE_BACKLOG_BYTES = 8 * 1024; // skip pointer moves while this much input waits in the channel
 const PASTE_KEY_WAIT_MS = 150; // hold Ctrl+V's key-down until the clipboard text went first
-const RESIZE_DEBOUNCE_MS = 400;
 
 const round3 = (v) => Math.round(v * 1000) / 1000;
 const round5 = (v) => Math.round(v * 1e5) / 1e5;
@@ -47,7 +46,6 @@ export class InputController {
    * @param {() => boolean} o.active  true while input should flow (streaming and channel open)
    * @param {() => number} o.backlog  bytes queued in the channel (RTCDataChannel.bufferedAmount)
    * @param {() => boolean} o.gameMode  pointer lock on click (game pools)
-   * @param {() => boolean} o.allowResize  the pool accepts "rs"
    * @param {() => void} o.toggleStats  F8 / Ctrl+Shift+S while streaming
    * @param {() => boolean} o.streaming  the stream view is shown (stats toggle works even offline)
    * @param {(text: string) => void} o.hint  a short on-screen hint
@@ -61,8 +59,6 @@ export class InputController {
     this.lastMove = null;
     this.locked = { x: 0.5, y: 0.5 }; // virtual pointer while the pointer is locked
     this.pads = new Map(); // gamepad index -> last message sent (JSON)
-    this.lastResize = "";
-    this.resizeTimer = 0;
   }
 
   /** Install the listeners and the per-frame loop (once). */
@@ -83,10 +79,6 @@ export class InputController {
       document.body.classList.toggle("pointer-locked", document.pointerLockElement === v);
     });
     window.addEventListener("gamepaddisconnected", (e) => this.onGamepadDisconnected(e));
-    window.addEventListener("resize", () => {
-      clearTimeout(this.resizeTimer);
-      this.resizeTimer = setTimeout(() => this.sendResize(), RESIZE_DEBOUNCE_MS);
-    });
     const frame = () => {
       this.flushMove();
       this.pollGamepads();
@@ -99,8 +91,6 @@ export class InputController {
   channelOpened() {
     this.pads.clear();
     this.lastMove = null;
-    this.lastResize = "";
-    this.sendResize();
   }
 
   /** Release every key and button reported down (focus loss must not leave input stuck remotely). */
@@ -265,13 +255,5 @@ export class InputController {
     this.o.send({ t: InputType.GAMEPAD, i: pad.index, ax: new Array(Math.min(pad.axes.length, GAMEPAD_MAX_AXES)).fill(0),
                   bt: new Array(Math.min(pad.buttons.length, GAMEPAD_MAX_BUTTONS)).fill(0) });
     this.pads.delete(pad.index);
-  }
-
-  // ---- viewport resize -------------------------------------------------------------------------
-  sendResize() {
-    if (!this.o.allowResize() || !this.o.active()) return;
-    const { width: w, height: h } = evenSize(window.innerWidth, window.innerHeight, RESIZE_LIMITS);
-    const key = `${w}x${h}`;
-    if (key !== this.lastResize && this.o.send({ t: InputType.RESIZE, w, h })) this.lastResize = key;
   }
 }

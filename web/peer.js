@@ -61,7 +61,9 @@ export class PeerLink {
    * @param {string} [o.playout]  receive-side buffering: "low" (default) or "browser" (see playout.js)
    * @param {object} o.on  handlers: answered(), state(connectionState), track(MediaStream) for the video,
    *   audio(MediaStream) for the session's sound,
-   *   channelOpen(), nodeEvent(rawData), bye(reason), signalError(msg), signalClosed()
+   *   channelOpen(), nodeEvent(rawData), bye(reason), signalError(msg), signalClosed(),
+   *   elsewhere(kind, detail) when the broker says another tab holds the session ("in_use") or took
+   *   it ("moved"): the link is closed and does not report signalClosed
    */
   constructor(o) {
     this.o = o;
@@ -210,6 +212,11 @@ export class PeerLink {
         break; // the peer connection's own state tells whether media still flows
       case SignalType.BYE:
         this.o.on.bye(msg.reason || null);
+        break;
+      case SignalType.IN_USE:
+      case SignalType.MOVED:
+        this.close(); // the broker closes the socket: not a drop to reconnect from
+        this.o.on.elsewhere(msg.type, msg.detail || "");
         break;
       case SignalType.ERROR:
         if (msg.code === SignalError.NOT_RUNNING && !this.answered) {

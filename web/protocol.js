@@ -11,7 +11,7 @@
 export const API_PREFIX = "/api/v1";
 
 // the client protocol version docs/protocol.md describes
-export const PROTOCOL_VERSION = 3;
+export const PROTOCOL_VERSION = 4;
 
 // ---- session lifecycle --------------------------------------------------------------
 
@@ -75,7 +75,9 @@ export const SignalType = Object.freeze({
   "BYE": "bye",
   "ERROR": "error",
   "PEER_JOINED": "peer_joined",
-  "PEER_LEFT": "peer_left"
+  "PEER_LEFT": "peer_left",
+  "IN_USE": "in_use",
+  "MOVED": "moved"
 });
 
 export const SIGNAL_MAX_BYTES = 65536;

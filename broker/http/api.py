@@ -20,7 +20,7 @@ from broker.auth import Principal, authenticate, mint_node_credential, mint_user
 from broker.errors import Conflict, Forbidden, MalformedBody, PayloadTooLarge, ValidationError
 from broker.http.edge import check_access, check_metrics
 from broker.keys_app import BROKER, METRICS, SETTINGS
-from broker.models import NAME_RE, TOKEN_SCHEMA, parse_user
+from broker.models import NAME_RE, TAB_RE, TOKEN_SCHEMA, parse_user
 from broker.protocol import API_PREFIX, HostState, Role
 from broker.settings import BrokerSettings
 from broker.validate import validate
@@ -378,6 +378,17 @@ async def get_session(request: web.Request) -> web.Response:
 async def end_session(request: web.Request) -> web.Response:
     who = principal(request)
     return ok(await request.app[BROKER].end_session(who, request.match_info["sid"]))
+
+
+@routes.post(f"{API_PREFIX}/sessions/{{sid}}/leave")
+async def leave_session(request: web.Request) -> web.Response:
+    """The viewer's tab is closing on purpose (a keepalive fetch on pagehide): a short grace, not the full
+    disconnect timeout.  ``?tab=`` names the tab; another tab holding the viewer makes it a no-op."""
+    who = principal(request)
+    tab = request.query.get("tab", "")
+    if tab and not TAB_RE.match(tab):
+        raise ValidationError("tab: 1 to 64 letters, digits, '-' or '_'", field="tab")
+    return ok(await request.app[BROKER].leave_session(who, request.match_info["sid"], tab))
 
 
 # ---- admin ----------------------------------------------------------------------------------

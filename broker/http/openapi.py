@@ -79,6 +79,9 @@ DOCS: dict[tuple[str, str], tuple[str, str, Schema | None]] = {
     ("GET", f"{A}/sessions/{{sid}}"): ("One session with queue position or signaling details", "owner, admin",
                                        None),
     ("DELETE", f"{A}/sessions/{{sid}}"): ("End or cancel a session", "owner, admin", None),
+    ("POST", f"{A}/sessions/{{sid}}/leave"): ("The viewer's tab is closing on purpose (?tab=): once disconnected "
+                                              "the seat is kept close_grace_s, not disconnect_timeout_s",
+                                              "owner, admin", None),
     ("GET", f"{A}/sessions/{{sid}}/events"): ("Server-Sent Events: state and queue position changes",
                                               "owner, admin", None),
     ("GET", f"{A}/sessions/{{sid}}/signal"): ("WebSocket: WebRTC signaling relayed to the session's node",

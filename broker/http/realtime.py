@@ -12,7 +12,13 @@
   The node sends signaling messages for viewers up the same socket.
 - ``GET /api/v1/sessions/{id}/signal`` (session owner): WebSocket.  Viewer
   messages go to the node's channel; node messages arrive on the session's
-  client channel.  Any replica can hold either side.
+  client channel.  Any replica can hold either side.  One browser tab at a time
+  holds the session's viewer (``?tab=<id>``, ``P:session:{id}:tab``): another tab
+  gets ``in_use`` and its socket closes, unless it asks ``?takeover=1``; then the
+  holder gets ``moved`` and its socket closes.  Only the holder's socket tells the
+  node ``peer_left`` when it closes, so a tab that lost the session cannot drop the
+  viewer that replaced it.  A client without ``tab`` takes over on every connect
+  (what every connect did before tabs were told apart).
 """
 
 from __future__ import annotations
@@ -21,14 +27,17 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import Any
+import uuid
+from typing import Any, Final
 
 from aiohttp import WSMsgType, web
 
-from broker.errors import Conflict, MalformedBody, NotFound
+from broker.errors import Conflict, MalformedBody, NotFound, ValidationError
 from broker.http.api import parse_json, principal, require_host, routes
 from broker.keys_app import BROKER, HUB
+from broker.models import TAB_RE
 from broker.protocol import API_PREFIX, SIGNAL_MAX_BYTES, NodeCommand, Role, SessionState, SignalType
+from broker.store.keys import VIEWER_TAB_RENEW_S
 
 SIGNAL_TYPES = frozenset(t.value for t in SignalType)
 
@@ -154,18 +163,34 @@ async def signal(request: web.Request) -> web.WebSocketResponse:
         raise NotFound(f"no session {sid!r}", field="session")
     if s["state"] not in (SessionState.STARTING, SessionState.RUNNING, SessionState.DISCONNECTED):
         raise Conflict(f"session {sid!r} is {s['state']}: signaling needs a seated session", field="session")
+    tab = request.query.get("tab", "")
+    if tab and not TAB_RE.match(tab):
+        raise ValidationError("tab: 1 to 64 letters, digits, '-' or '_'", field="tab")
+    takeover = request.query.get("takeover", "") in ("1", "true") or not tab
+    tab = tab or f"untabbed-{uuid.uuid4().hex}"
     host = s["host"]
     ws = web.WebSocketResponse(heartbeat=10.0, max_msg_size=SIGNAL_MAX_BYTES)
     await ws.prepare(request)
     node_chan = b.live.keys.chan_node(host)
+    client_chan = b.live.keys.chan_signal_client(sid)
+    sock = uuid.uuid4().hex  # this socket, among the ones a tab opens over reloads and reconnects
+    held, other = await b.live.claim_tab(sid, tab, sock, take=takeover)
+    if not held:
+        await ws.send_json({"type": SignalType.IN_USE.value,
+                            "detail": "this session is open in another tab; connect with takeover=1 to continue here"})
+        await ws.close()
+        return ws
 
     async def to_node(inner: dict[str, Any]) -> None:
         await b.live.redis.publish(node_chan, json.dumps(
             {"cmd": NodeCommand.SIGNAL.value, "session_id": sid, "msg": inner}))
 
-    async with hub.listen(b.live.keys.chan_signal_client(sid), b.live.keys.chan_session(sid)) as q:
+    async with hub.listen(client_chan, b.live.keys.chan_session(sid)) as q:
+        if other and other != tab:  # the tab that held it stops (it is listening on the client channel)
+            await b.live.redis.publish(client_chan, json.dumps({"type": SignalType.MOVED.value, "tab": tab}))
         await to_node({"type": SignalType.PEER_JOINED.value})
-        pump = asyncio.create_task(_forward_client(q, ws))
+        pump = asyncio.create_task(_forward_client(q, ws, tab))
+        keeper = asyncio.create_task(_keep_tab(b, sid, tab, sock, ws))
         try:
             async for msg in ws:
                 if msg.type != WSMsgType.TEXT:
@@ -181,17 +206,48 @@ async def signal(request: web.Request) -> web.WebSocketResponse:
                 await b.touch_session(sid)
                 await to_node(inner)
         finally:
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pump
+            for task in (pump, keeper):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             with contextlib.suppress(Exception):
-                await to_node({"type": SignalType.PEER_LEFT.value})
+                # a socket that lost the session (another tab, or a newer socket of this tab) leaves the
+                # viewer that replaced it be
+                if await b.live.release_tab(sid, tab, sock):
+                    await to_node({"type": SignalType.PEER_LEFT.value})
     return ws
 
 
-async def _forward_client(q: asyncio.Queue[bytes], ws: web.WebSocketResponse) -> None:
+MOVED_DETAIL: Final = "this session moved to another tab"
+
+
+async def _keep_tab(b: Any, sid: str, tab: str, sock: str, ws: web.WebSocketResponse) -> None:
+    """Renew the tab's hold while its socket is open; a hold another tab took ends the socket."""
+    while True:
+        await asyncio.sleep(VIEWER_TAB_RENEW_S)
+        try:
+            if await b.live.keep_tab(sid, tab, sock):
+                continue
+            # lapsed (Redis was slow): take it back if it is free
+            held, _ = await b.live.claim_tab(sid, tab, sock, take=False)
+        except Exception:  # task boundary: Redis away; the next renewal tries again
+            log.warning("session %s: renewing tab %s failed", sid, tab, exc_info=True)
+            continue
+        if not held:
+            await ws.send_json({"type": SignalType.MOVED.value, "detail": MOVED_DETAIL})
+            await ws.close()
+            return
+
+
+async def _forward_client(q: asyncio.Queue[bytes], ws: web.WebSocketResponse, tab: str) -> None:
     while True:
         msg = json.loads(await q.get())
+        if msg.get("type") == SignalType.MOVED:
+            if msg.get("tab") == tab:
+                continue  # our own takeover
+            await ws.send_json({"type": SignalType.MOVED.value, "detail": MOVED_DETAIL})
+            await ws.close()
+            return
         if msg.get("type") == "state":
             if msg.get("state") == SessionState.ENDED:
                 await ws.send_json({"type": SignalType.BYE.value, "reason": msg.get("reason")})

@@ -32,6 +32,9 @@ Key map (``P`` is the prefix, default ``rb``)::
                                        RETIRED_HOST_TTL_S, runs out (or a provider starts that id anew)
     P:session:{id}              hash   session record (state_ms: last node-reported transition, warned_ms);
                                        TTL ENDED_SESSION_TTL_S once ended
+    P:session:{id}:tab          string "<tab> <socket>": the browser tab (signaling ``tab`` id) and its socket that
+                                       hold the session's viewer,
+                                       TTL VIEWER_TAB_TTL_MS past its socket's last renewal
     P:user:{user}:pool:{pool}   set    the user's live session ids in a pool
     P:live                      set    every live (not ended) session id
     P:due:leases                zset   host id -> when its lease runs out (ms, renewed by each heartbeat); the
@@ -69,6 +72,10 @@ ENDED_SESSION_TTL_S: Final = 3600  # ended sessions stay readable for an hour, S
 DOWN_HOST_TTL_S: Final = 3600  # a down host's record is kept an hour for the dashboard
 DEFAULT_HOST_LEASE_TTL_S: Final = 15  # three missed 5 s heartbeats
 OUTBOX_STALE_MS: Final = 30_000  # a record in processing this long was orphaned by a dead replica
+# P:session:{id}:tab (string, the browser tab whose signaling socket holds the session's viewer) lives
+# this long past its holder's last renewal (every VIEWER_TAB_RENEW_S while its socket is open)
+VIEWER_TAB_TTL_MS: Final = 30_000
+VIEWER_TAB_RENEW_S: Final = 10.0
 AUTOSCALE_STATE_TTL_S: Final = 7 * 86_400  # an autoscaler record no replica has rewritten for a week is dropped
 AUTOSCALE_LOCK_MIN_TTL_S: Final = 10  # the per-pool leader lock lives max(this, 2 intervals)
 # A removed host stays refused this long: well past a provider's stop (SIGTERM, a pod's 30 s grace
@@ -135,6 +142,9 @@ class Keys:
 
     def session(self, session_id: str) -> str:
         return f"{self.prefix}:session:{session_id}"
+
+    def session_tab(self, session_id: str) -> str:
+        return f"{self.prefix}:session:{session_id}:tab"
 
     def user_sessions(self, user: str, pool: str) -> str:
         return f"{self.prefix}:user:{user}:pool:{pool}"

@@ -33,7 +33,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from broker.lifecycle import START_TIMEOUT_MS
+from broker.lifecycle import CLOSE_GRACE_DEFAULT_S, START_TIMEOUT_MS
 from broker.models import Gpu, PoolConfig
 from broker.placement import GpuLoad, HostLoad, gpu_seats
 from broker.protocol import HostState, SessionState
@@ -43,6 +43,7 @@ from broker.store.keys import (
     INDEX_VERSION,
     REAPER_PASS_TTL_S,
     RETIRED_HOST_TTL_S,
+    VIEWER_TAB_TTL_MS,
     Keys,
 )
 
@@ -50,10 +51,11 @@ SCRIPT_NAMES = (
     "create_session", "end_session", "session_state", "touch_session", "register_host", "heartbeat",
     "host_down", "host_state", "remove_host", "put_pool", "delete_pool", "expire_hosts", "purge_hosts",
     "claim_sessions", "reschedule", "take_warning", "reindex_pool", "set_rollout", "reaper_pass", "adopt_sessions",
+    "viewer_tab", "leave_session",
 )
 
 _INT_FIELDS = ("created_ms", "seated_ms", "started_ms", "last_active_ms", "disconnected_ms", "ended_ms", "state_ms",
-               "warned_ms")
+               "warned_ms", "left_ms")
 _START_FIELDS = ("id", "user", "pool", "kind", "gpu", "profile")  # heartbeat.lua's start records
 
 
@@ -62,7 +64,8 @@ def _load_scripts() -> dict[str, str]:
     # constants whose home is Python, so Lua and Python cannot drift apart
     header = (f"local ENDED_TTL_S = {ENDED_SESSION_TTL_S}\n"
               f"local START_TIMEOUT_MS = {START_TIMEOUT_MS}\n"
-              f"local REAPER_PASS_TTL_S = {REAPER_PASS_TTL_S}\n")
+              f"local REAPER_PASS_TTL_S = {REAPER_PASS_TTL_S}\n"
+              f"local CLOSE_GRACE_DEFAULT_S = {CLOSE_GRACE_DEFAULT_S}\n")
     prelude = header + (base / "prelude.lua").read_text()
     return {name: prelude + "\n" + (base / f"{name}.lua").read_text() for name in SCRIPT_NAMES}
 
@@ -370,6 +373,27 @@ class LiveStore:
     async def take_warning(self, session_id: str, now_ms: int) -> bool:
         """True for exactly one caller: the one that should send this session's max-duration warning."""
         return bool(await self._run("take_warning", session_id, now_ms))
+
+    async def claim_tab(self, session_id: str, tab: str, socket: str, *, take: bool) -> tuple[bool, str]:
+        """Hold the session's viewer for ``tab``'s ``socket`` (``lua/viewer_tab.lua``): (held, previous/other tab).
+
+        ``take``: whoever holds it (the user chose "continue here"); else only when free or this tab's.
+        """
+        res = await self._run("viewer_tab", session_id, "take" if take else "claim", tab, socket, VIEWER_TAB_TTL_MS)
+        return bool(int(res[0])), _s(res[1])
+
+    async def keep_tab(self, session_id: str, tab: str, socket: str) -> bool:
+        """Renew the socket's hold; False when another socket took the session (or the hold lapsed)."""
+        return bool(await self._run("viewer_tab", session_id, "keep", tab, socket, VIEWER_TAB_TTL_MS))
+
+    async def release_tab(self, session_id: str, tab: str, socket: str) -> bool:
+        """Drop the socket's hold; False when it is not (or no longer) this socket's."""
+        return bool(await self._run("viewer_tab", session_id, "release", tab, socket, VIEWER_TAB_TTL_MS))
+
+    async def leave_session(self, session_id: str, tab: str, now_ms: int) -> int:
+        """Mark the session left by its viewer's tab (``lua/leave_session.lua``): 1 marked, 0 not seated,
+        -1 another tab holds the viewer."""
+        return int(await self._run("leave_session", session_id, tab, now_ms))
 
     async def reindex_pool(self, pool: str, now_ms: int) -> tuple[int, int]:
         """Rebuild one pool's placement index, counters and deadlines; returns (hosts, sessions) indexed."""

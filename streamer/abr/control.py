@@ -207,6 +207,14 @@ class StreamController:
         """The rung to encode at now."""
         return self._ladder.rung
 
+    def set_ladder(self, ladder: Ladder) -> Rung:
+        """Follow a new ladder (the screen was resized): start on its best rung the current target meets.
+
+        The bitrate state is kept (the path did not change); the ladder's sustain timers restart.
+        """
+        self._ladder = ladder_policy.initial_state(ladder, self._bitrate.target_bps)
+        return self._ladder.rung
+
     def update(self, feedback: Feedback, now_ms: int, frame_load: float | None = None) -> ControlStep:
         """Fold one period's feedback in (``now_ms``: a monotonic clock, milliseconds).
 

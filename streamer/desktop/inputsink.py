@@ -32,7 +32,17 @@ import av
 from broker.protocol import NodeEventType
 from streamer.desktop.capture import CaptureStats, GameCapture, GameRendererKind
 from streamer.desktop.game import Game
-from streamer.desktop.inputs import Gamepad, InputCounters, InputError, InputEvent, Ping, ProbeAck, Resize, parse_input
+from streamer.desktop.inputs import (
+    Clipboard,
+    Gamepad,
+    InputCounters,
+    InputError,
+    InputEvent,
+    Ping,
+    ProbeAck,
+    Resize,
+    parse_input,
+)
 from streamer.desktop.xinput import XInjector
 
 log = logging.getLogger(__name__)
@@ -59,9 +69,19 @@ class InputRouter:
     only: pings, probe answers and viewport resizes are automatic, not activity.
     """
 
-    def __init__(self, sink: InputSink, clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+    def __init__(
+        self,
+        sink: InputSink,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        *,
+        on_clipboard: Callable[[str], None] | None = None,
+        on_resize: Callable[[int, int], None] | None = None,
+    ) -> None:
+        """``on_clipboard(text)`` sees each pasted text before the sink; ``on_resize(w, h)`` each viewport size."""
         self._sink = sink
         self._clock_ms = clock_ms
+        self._on_clipboard = on_clipboard
+        self._on_resize = on_resize
         self.counters = InputCounters()
         self.last_input_ms: int | None = None
 
@@ -77,14 +97,25 @@ class InputRouter:
             reply({"t": NodeEventType.PONG.value, "id": result.id, "ts": ts})
             return
         if isinstance(result, Resize):
-            return  # counted; the runtime streams at the session's size
+            if self._on_resize is not None:  # counted; the runtime decides what size it sets
+                self._call(self._on_resize, result.width, result.height)
+            return
         if isinstance(result, ProbeAck):
             return  # counted; probe answers belong on the probe channel (streamer.media.peer), not activity
         self.last_input_ms = self._clock_ms()
+        if isinstance(result, Clipboard) and self._on_clipboard is not None:
+            self._call(self._on_clipboard, result.text)
         try:
             self._sink.submit(result)
         except Exception:  # a sink bug must not kill the data channel handler
             log.exception("input sink failed on %s", result)
+
+    @staticmethod
+    def _call(hook: Callable[..., None], *args: Any) -> None:
+        try:
+            hook(*args)
+        except Exception:  # a hook bug must not kill the data channel handler
+            log.exception("input hook %r failed", hook)
 
     def release_all(self) -> None:
         try:

@@ -18,6 +18,10 @@ ladder rung -> a new encoder at that size/fps (one keyframe), installed by the
 frame thread between frames.  Every control step is kept as telemetry
 (``stats()["decisions"]``: the newest ``DECISION_LOG_SIZE`` records of target,
 reasons, rung and signals; ``stats()["decision_counts"]``: steps per reason).
+Desktops also send the viewer their clipboard (``streamer.desktop.clipboard.ClipboardBridge``) and
+follow the viewer's window (``rs``): ``streamer.abr.viewport`` fits the size, RandR sets it, a capture of
+the new size replaces the old one (never grabbing outside the screen) and the ladder is rebuilt on it
+(a new encoder, one keyframe).
 ``stop()`` tears everything down.
 
 Events (``on_event(name, info)``, delivered in order from one task):
@@ -45,7 +49,7 @@ Invariants:
 - a viewer's malformed messages are counted and dropped; a bad offer is
   answered with an ``error`` message, never an exception.
 
-Size: about 1,060 lines on purpose: the start and stop order of one session (display, capture, encoder,
+Size: about 1,160 lines on purpose: the start and stop order of one session (display, capture, encoder,
 frame thread, peer, control loop) is read in one place to check that every error path tears down what
 was started; the parts it composes live in their own modules.
 """
@@ -78,6 +82,7 @@ from rbcommon.udpports import PortRange
 from streamer.abr import bitrate as bitrate_policy
 from streamer.abr import ladder as ladder_policy
 from streamer.abr import playout as playout_policy
+from streamer.abr import viewport as viewport_policy
 from streamer.abr.bitrate import DESKTOP_PROFILE, GAME_PROFILE, BitrateProfile, Feedback
 from streamer.abr.control import (
     CODEC_PREFERENCES,
@@ -91,6 +96,7 @@ from streamer.abr.control import (
 from streamer.abr.ladder import Rung
 from streamer.desktop.audio import AudioCapture, AudioError, AudioServer, audio_available
 from streamer.desktop.capture import FrameSource, GameRendererUnavailable, open_capture
+from streamer.desktop.clipboard import ClipboardBridge
 from streamer.desktop.display import DisplayConfig, VirtualDisplay, app_env, gpu_render_env
 from streamer.desktop.game import Game
 from streamer.desktop.gamesound import GameSynth, SynthFramer
@@ -129,6 +135,7 @@ SEND_RATE_WINDOW_S: Final = RATE_MATCH_WINDOW_MS / 1000
 MIN_MEDIA_PERCENT: Final = 50
 RTX_PACKET_BYTES: Final = 1_200  # assumed size of a retransmitted packet before any was sent
 LOSS_MIN_PACKETS: Final = 50  # receiver-report loss is judged over at least this many packets
+SOURCE_SWITCH_TIMEOUT_S: Final = 5.0  # a frame in progress (grab + encode) ends well within this
 DECISION_LOG_SIZE: Final = 100  # control steps kept in stats()["decisions"] (10 s at 100 ms)
 
 EventCallback = Callable[[str, dict[str, Any]], Awaitable[None]]
@@ -212,6 +219,14 @@ class RuntimeConfig:
     # The built-in game beeps (1 kHz, 60 ms) at every multiple of this many ms of its render clock, the
     # instant the frame stamped with it is rendered: how bench/bench_avsync.py measures A/V sync.  0: off.
     game_beacon_ms: int = 0
+    # Desktop screens follow the viewer's window ("rs", streamer.abr.viewport): at most this many
+    # pixels (or the start profile's, if more) and this long a side (the Xvfb framebuffer is this
+    # square).  resize_max_side 0: the screen keeps its start size.
+    resize_max_pixels: int = viewport_policy.DEFAULT_MAX_PIXELS
+    resize_max_side: int = viewport_policy.DEFAULT_MAX_SIDE_PX
+    # The remote clipboard reaches the viewer (streamer.desktop.clipboard): CLIPBOARD, plus PRIMARY
+    # (text selected with the mouse) when true.
+    clipboard_primary: bool = False
 
     def __post_init__(self) -> None:
         if self.capture_backend not in CAPTURE_BACKENDS:
@@ -226,6 +241,8 @@ class RuntimeConfig:
             raise ValueError("keyframe_min_interval_ms must be >= 0")
         if self.stall_keyframe_ms < 0 or self.stall_keyframe_interval_ms < 0:
             raise ValueError("stall_keyframe_ms and stall_keyframe_interval_ms must be >= 0")
+        if self.resize_max_side:
+            viewport_policy.ViewportLimits(self.resize_max_pixels, self.resize_max_side)  # raises when out of range
 
 
 class SessionRefused(Exception):
@@ -400,6 +417,14 @@ class SessionRuntime:
         self._decision_counts: Counter[str] = Counter()
         self._start_task: asyncio.Task[Any] | None = None
         self._stop_task: asyncio.Task[None] | None = None
+        # Clipboard and resize (desktop sessions): the remote clipboard -> the viewer; the screen size
+        # wanted and the task that sets it.
+        self._clipboard: ClipboardBridge | None = None
+        self._viewport: viewport_policy.ViewportLimits | None = None
+        self._want_size: tuple[int, int] | None = None
+        self._resize_task: asyncio.Task[None] | None = None
+        self._encoder_lock = asyncio.Lock()  # one encoder change at a time (ladder steps, resizes)
+        self.resizes = 0  # screen resizes applied
 
     # -- public API ----------------------------------------------------------------------
 
@@ -430,7 +455,7 @@ class SessionRuntime:
     @property
     def thread_names(self) -> tuple[str, ...]:
         """Name prefixes of the threads this session starts."""
-        return (f"rb-frames-{self.spec.id}", f"rb-input-{self.spec.id}")
+        return (f"rb-frames-{self.spec.id}", f"rb-input-{self.spec.id}", f"rb-clip-{self.spec.id}")
 
     async def start(self) -> None:
         """Bring up source, capture, input and encoder.  On failure (or cancellation) clean up and raise."""
@@ -603,17 +628,29 @@ class SessionRuntime:
             if self._on_gpu() and spec.gpu is not None:
                 env = gpu_render_env(env, spec.gpu)
             env = {**env, **await self._start_audio()}
+            fb_w = fb_h = None
+            if spec.kind == PoolKind.DESKTOP.value and self.config.resize_max_side:
+                self._viewport = viewport_policy.limits_for(spec.width, spec.height, self.config.resize_max_pixels,
+                                                            self.config.resize_max_side)
+                fb_w, fb_h = self._viewport.framebuffer
             self._display = VirtualDisplay(DisplayConfig(width=spec.width, height=spec.height, app=app or None,
-                                                         env=env, user=self.config.session_user))
+                                                         env=env, max_width=fb_w, max_height=fb_h,
+                                                         user=self.config.session_user))
             await self._display.start()
             backend = cast(Literal["auto", "x11grab", "mss"], self.config.capture_backend)
             self._source = await asyncio.to_thread(
                 open_capture, self._display.name, spec.width, spec.height, backend=backend
             )
             self._sink = await XInputSink.open(self._display.name, f"rb-input-{spec.id}")
+            selections = ("CLIPBOARD", "PRIMARY") if self.config.clipboard_primary else ("CLIPBOARD",)
+            self._clipboard = ClipboardBridge(
+                self._display.name, lambda event: self._peer is not None and self._peer.send_event(event),
+                selections=selections, thread_name=f"rb-clip-{spec.id}")
+            await self._clipboard.start()
             if app:
                 self._spawn(self._watch_app(self._display))
-        self._router = InputRouter(self._sink)
+        self._router = InputRouter(self._sink, on_resize=self._resize_requested,
+                                   on_clipboard=self._clipboard.from_viewer if self._clipboard else None)
         self._probes = await probe_all_async(SENDABLE_BACKENDS, gpu=self._encoder_gpu())
         selection = choose_backend(
             self._probes,
@@ -659,6 +696,8 @@ class SessionRuntime:
         if self._pipeline is not None:
             pipeline, self._pipeline = self._pipeline, None
             await asyncio.to_thread(pipeline.close)
+        if self._clipboard is not None:
+            await self._clipboard.close()
         if isinstance(self._sink, XInputSink):
             await asyncio.to_thread(self._sink.close)
         if self._source is not None:
@@ -751,8 +790,9 @@ class SessionRuntime:
         except NoEncoderError as exc:
             return [_error(exc.code, str(exc))]
         await self._drop_peer("replaced")
-        controller = StreamController(self._profile, self._ladder)
-        await self._configure_encoder(selection.backend, controller.rung, self._profile.start_bps)
+        async with self._encoder_lock:  # a resize in progress finishes first: its ladder is the one to use
+            controller = StreamController(self._profile, self._ladder)
+            await self._configure_encoder(selection.backend, controller.rung, self._profile.start_bps)
         self._encoder_bps = self._profile.start_bps
         self._selection_reasons = selection.reasons
         track = EncodedVideoTrack()
@@ -862,6 +902,76 @@ class SessionRuntime:
     def _channel_open(self, peer: ViewerPeer) -> None:
         if peer is self._peer and self._pending_warning is not None:
             peer.send_event(self._pending_warning)
+        if peer is self._peer and self._clipboard is not None:
+            self._clipboard.viewer_ready()
+
+    # -- resize (the viewer's window -> the desktop's screen) -------------------------------
+
+    def _resize_requested(self, width: int, height: int) -> None:
+        """An "rs" message: set the screen to the fitting size (streamer.abr.viewport), latest request wins."""
+        if self._viewport is None or self._display is None:
+            log.debug("session %s: resize to %dx%d ignored (%s)", self.spec.id, width, height,
+                      "built-in game" if self._display is None else "resizing is off")
+            return
+        size = viewport_policy.fit(width, height, self._viewport)
+        if size == (self._want_size or self._display.size):
+            return
+        self._want_size = size
+        if self._resize_task is None:
+            self._resize_task = self._spawn(self._apply_resizes())
+
+    async def _use_capture(self, width: int, height: int) -> bool:
+        """Open a capture of ``width x height`` and wait until the frame thread grabs from it (False: stopped)."""
+        assert self._display is not None
+        source = await asyncio.to_thread(open_capture, self._display.name, width, height,
+                                         backend=cast(Literal["auto", "x11grab", "mss"], self.config.capture_backend))
+        if self._pipeline is None:
+            source.close()
+            return False
+        installed = self._pipeline.replace_source(source)
+        self._source = source
+        await asyncio.to_thread(installed.wait, SOURCE_SWITCH_TIMEOUT_S)
+        return True
+
+    async def _apply_resizes(self) -> None:
+        """Set the wanted size until it holds: RandR, a capture at that size, the ladder rebuilt, a new encoder."""
+        try:
+            while self._display is not None and self._want_size not in (None, self._display.size):
+                await self._running.wait()
+                width, height = size = self._want_size
+                t0 = time.perf_counter()
+                old = self._display.size
+                # A capture never grabs outside the screen (x11grab fails there): first a capture of
+                # the part both sizes share, in use before the screen changes; then, if the screen
+                # grew along a side, one of the new size once it has.
+                shared = (min(width, old[0]), min(height, old[1]))
+                try:
+                    if shared != old and not await self._use_capture(*shared):
+                        return
+                    await self._display.resize(width, height)
+                    if size != shared and not await self._use_capture(width, height):
+                        return
+                except Exception as exc:  # boundary: a failed resize keeps (or restores) the old screen
+                    log.warning("session %s: resize to %dx%d failed: %r", self.spec.id, width, height, exc)
+                    self._want_size = None
+                    with contextlib.suppress(Exception):
+                        await self._use_capture(*shared)
+                        await self._display.resize(*old)
+                        await self._use_capture(*old)
+                    return
+                if self._pipeline is None:
+                    return
+                self._ladder = ladder_policy.desktop_ladder(width, height, self.spec.fps)
+                rung = (self._controller.set_ladder(self._ladder) if self._controller is not None
+                        else ladder_policy.initial_state(self._ladder, self._profile.start_bps).rung)
+                async with self._encoder_lock:
+                    await self._configure_encoder(self._pipeline.encoder.backend, rung,
+                                                  self._encoder_bps or self._profile.start_bps)
+                self.resizes += 1
+                log.info("session %s: screen %dx%d, encoding %dx%d@%d, in %.0f ms", self.spec.id, *size,
+                         rung.width, rung.height, rung.fps, (time.perf_counter() - t0) * 1000)
+        finally:
+            self._resize_task = None
 
     def _keyframe_requested(self) -> None:
         """PLI/FIR: pass on at most one per ``keyframe_min_interval_ms``; a request inside it is deferred."""
@@ -975,6 +1085,10 @@ class SessionRuntime:
         if self._pipeline is None:
             return
         encoder_bps = media_bps(step.encoder_bps, self._retransmit_bps)
+        if step.ladder.rung not in self._ladder.rungs:  # decided on an older screen size's ladder
+            if self._controller is not None:
+                self._controller.set_ladder(self._ladder)
+            return
         if step.ladder.changed:
             rung = step.ladder.rung
             log.info(
@@ -983,7 +1097,8 @@ class SessionRuntime:
             )  # fmt: skip
             if self._peer is not None:
                 self._peer.set_frame_rate(rung.fps)
-            await self._configure_encoder(self._pipeline.encoder.backend, rung, encoder_bps)
+            async with self._encoder_lock:
+                await self._configure_encoder(self._pipeline.encoder.backend, rung, encoder_bps)
             self._encoder_bps = encoder_bps
         elif encoder_bps != self._encoder_bps:
             log.debug(

@@ -217,6 +217,8 @@ class FramePipeline:
         self._sink: EncodedVideoTrack | None = None  # (L)
         self._pending_encoder: VideoEncoder | None = None  # (L) installed by the thread before the next frame
         self._pending_fps: int | None = None  # (L)
+        self._pending_source: FrameSource | None = None  # (L) installed by the thread before the next frame
+        self._source_installed = threading.Event()  # (L) set once the pending source is in use
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._started = False
         self._closed = False
@@ -285,6 +287,25 @@ class FramePipeline:
             previous.close()  # never installed, so the thread cannot be using it
         self._wake.set()
 
+    def replace_source(self, source: FrameSource) -> threading.Event:
+        """Grab from ``source`` from the next frame on (a resized screen's capture).
+
+        The caller keeps ``source`` (it closes it when it is done with the session); the source it
+        replaces becomes the pipeline's: the frame thread closes it once it switched, or ``close``
+        does if the switch never happened.  The event is set once no grab of the old source can
+        happen any more (the thread switched, between two frames).
+        """
+        installed = threading.Event()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("pipeline closed")
+            previous, self._pending_source = self._pending_source, source
+            self._source_installed = installed
+        if previous is not None:
+            previous.close()  # never installed; its caller handed it over by replacing it
+        self._wake.set()
+        return installed
+
     def set_fps(self, fps: int) -> None:
         """Pace at ``fps`` frames per second from the next tick on."""
         with self._lock:
@@ -334,6 +355,9 @@ class FramePipeline:
                 log.error("%s did not exit within %.0f s", self._thread.name, JOIN_TIMEOUT_S)
         with self._lock:
             pending, self._pending_encoder = self._pending_encoder, None
+            pending_source, self._pending_source = self._pending_source, None
+        if pending_source is not None:
+            self._source.close()  # the replaced source, never switched away from; the caller owns the new one
         for encoder in (pending, self._encoder):
             if encoder is not None:
                 encoder.close()
@@ -358,9 +382,18 @@ class FramePipeline:
                     return
                 sink = self._sink
                 new_encoder, self._pending_encoder = self._pending_encoder, None
+                new_source, self._pending_source = self._pending_source, None
+                installed = self._source_installed
                 if self._pending_fps is not None:
                     self._fps, self._pending_fps = self._pending_fps, None
                 period_s = 1.0 / self._fps
+            if new_source is not None:
+                old_source, self._source = self._source, new_source
+                installed.set()
+                try:
+                    old_source.close()
+                except Exception:  # a capture that fails to close must not end the stream
+                    log.exception("%s: closing the replaced source failed", self._thread.name)
             if new_encoder is not None:
                 old, self._encoder = self._encoder, new_encoder
                 old.close()  # the new encoder's first frame is a keyframe

@@ -122,6 +122,9 @@ class NodeAgent:
             session_user=self.session_user,
             udp_ports=PortRange.parse(settings.udp_ports),
             app_refusal=sessionuser.refusal(self.session_user, os.geteuid(), settings.allow_root_sessions),
+            resize_max_pixels=settings.resize_max_pixels,
+            resize_max_side=settings.resize_max_side,
+            clipboard_primary=settings.clipboard_primary,
         )
         self._commands: aiohttp.ClientWebSocketResponse | None = None  # the open command socket, if any
         self._telemetry = GpuTelemetry()

@@ -58,6 +58,12 @@ class NodeSettings:
                             "built-in game's sounds are synthesized in-process. False = every session is silent")
     game_beacon_ms: int = opt(0, "Benchmarks only: the built-in game beeps at every multiple of this many ms of "
                                  "its render clock (A/V sync measurement, bench/bench_avsync.py); 0 = off")
+    resize_max_pixels: int = opt(2560 * 1440, "A desktop's screen follows the viewer's window up to this many pixels "
+                                              "(or its start profile's, if more)")
+    resize_max_side: int = opt(2560, "Longest side (px) a desktop's screen may take when it follows the viewer's "
+                                     "window; Xvfb's framebuffer is this square. 0 = the screen keeps its start size")
+    clipboard_primary: bool = opt(False, "Also send the desktop's PRIMARY selection (text selected with the mouse) to "
+                                         "the viewer, not only CLIPBOARD")
     shutdown_grace_s: float = opt(60.0, "On SIGTERM (a rolling restart): drain this host, warn viewers, and wait up "
                                         "to this long for sessions to end before stopping; 0 stops at once. Keep "
                                         "it under the pod's terminationGracePeriodSeconds. A second SIGTERM or "

@@ -52,9 +52,11 @@ def index_order(loads: list[HostLoad], strategy: str) -> list[str]:
 
 async def check(store: LiveStore, cfg: PoolConfig) -> None:
     assert await store.pool_summary(cfg) == await recount(store, cfg)
-    t = Timeouts(cfg.queue_timeout_s, cfg.idle_timeout_s, cfg.disconnect_timeout_s, cfg.max_duration_s)
+    t = Timeouts(cfg.queue_timeout_s, cfg.idle_timeout_s, cfg.disconnect_timeout_s, cfg.max_duration_s,
+                 close_grace_s=cfg.close_grace_s)
     for s in await store.get_sessions(await store.live_session_ids()):
-        clock = SessionClock(S(s["state"]), s["created_ms"], s["seated_ms"], s["last_active_ms"], s["disconnected_ms"])
+        clock = SessionClock(S(s["state"]), s["created_ms"], s["seated_ms"], s["last_active_ms"], s["disconnected_ms"],
+                             s["left_ms"])
         due = await store.redis.zscore(store.keys.due_sessions, s["id"])
         assert (None if due is None else int(due)) == next_due_ms(clock, t), s
         warn = await store.redis.zscore(store.keys.due_warn, s["id"])
@@ -135,20 +137,22 @@ async def test_lua_deadlines_equal_the_lifecycle_policy(redis_url: str, prefix: 
     try:
         for i in range(40):
             t = Timeouts(rng.choice([0, 30, 600]), rng.choice([0, 60, 1800]), rng.choice([0, 120]),
-                         rng.choice([0, 3600]))
+                         rng.choice([0, 3600]), close_grace_s=rng.choice([0, 30, 600]))
             await store.put_pool(PoolConfig(name=f"p{i}", queue_timeout_s=t.queue_timeout_s,
                                             idle_timeout_s=t.idle_timeout_s,
                                             disconnect_timeout_s=t.disconnect_timeout_s,
-                                            max_duration_s=t.max_duration_s), 0)
+                                            max_duration_s=t.max_duration_s, close_grace_s=t.close_grace_s), 0)
             state = rng.choice([S.QUEUED, S.STARTING, S.RUNNING, S.DISCONNECTED])
             created = rng.randint(10**6, 2 * 10**6)
             seated = 0 if state == S.QUEUED else created + rng.choice([0, 500])
             clock = SessionClock(state, created, seated, seated + rng.randint(0, 10**6),
-                                 (seated + rng.randint(0, 10**5)) if state == S.DISCONNECTED else 0)
+                                 (seated + rng.randint(0, 10**5)) if state == S.DISCONNECTED else 0,
+                                 rng.choice([0, seated + 1]) if seated else 0)  # left its tab on purpose
             sid = f"s{i}"
             await r.hset(store.keys.session(sid), mapping={
                 "state": state.value, "pool": f"p{i}", "created_ms": clock.created_ms, "seated_ms": clock.seated_ms,
-                "last_active_ms": clock.last_active_ms, "disconnected_ms": clock.disconnected_ms})
+                "last_active_ms": clock.last_active_ms, "disconnected_ms": clock.disconnected_ms,
+                "left_ms": clock.left_ms})
             await store.reschedule([sid], 0)
             due = await r.zscore(store.keys.due_sessions, sid)
             want = next_due_ms(clock, t)

@@ -264,19 +264,21 @@ end
 
 -- ---- session deadlines (mirrors broker.lifecycle.next_due_ms and max_duration_end_ms) ----------
 local SESSION_CLOCK = {'state', 'pool', 'created_ms', 'seated_ms', 'last_active_ms', 'disconnected_ms',
-                       'warned_ms'}
-local TIMEOUTS = {'queue_timeout_s', 'idle_timeout_s', 'disconnect_timeout_s', 'max_duration_s'}
+                       'warned_ms', 'left_ms'}
+local TIMEOUTS = {'queue_timeout_s', 'idle_timeout_s', 'disconnect_timeout_s', 'max_duration_s', 'close_grace_s'}
 
 local function read_clock(sid)
   local f = redis.call('HMGET', k_session(sid), unpack(SESSION_CLOCK))
   if f[1] == false then return nil end
   return {state = f[1], pool = f[2], created = num(f[3]), seated = num(f[4]), active = num(f[5]),
-          disconnected = num(f[6]), warned = num(f[7])}
+          disconnected = num(f[6]), warned = num(f[7]), left = num(f[8])}
 end
 
 local function read_timeouts(pool)
   local c = redis.call('HMGET', k_pool(pool), unpack(TIMEOUTS))
-  return {queue = num(c[1]), idle = num(c[2]), disconnect = num(c[3]), max = num(c[4])}
+  local grace = CLOSE_GRACE_DEFAULT_S  -- a pool stored before the setting existed
+  if c[5] ~= false then grace = num(c[5]) end
+  return {queue = num(c[1]), idle = num(c[2]), disconnect = num(c[3]), max = num(c[4]), grace = grace}
 end
 
 local function next_due(s, t)
@@ -294,7 +296,9 @@ local function next_due(s, t)
   if s.state == 'disconnected' then
     local since = s.disconnected
     if since == 0 then since = seated end
-    m(since + t.disconnect * 1000)
+    local limit = t.disconnect
+    if s.left > 0 and t.grace < limit then limit = t.grace end  -- the viewer closed its tab on purpose
+    m(since + limit * 1000)
   end
   if t.idle > 0 then m(math.max(s.active, seated) + t.idle * 1000) end
   return due
@@ -390,8 +394,9 @@ local function apply_state(sid, s, new, now)
   redis.call('HSET', key, 'state', new, 'state_ms', now)
   if new == 'running' then
     if num(redis.call('HGET', key, 'started_ms')) == 0 then redis.call('HSET', key, 'started_ms', now) end
-    redis.call('HSET', key, 'disconnected_ms', 0, 'last_active_ms', now)
+    redis.call('HSET', key, 'disconnected_ms', 0, 'last_active_ms', now, 'left_ms', 0)
     s.disconnected = 0
+    s.left = 0  -- a viewer is back: a later drop gets the full disconnect timeout
     if now > s.active then s.active = now end
   else
     redis.call('HSET', key, 'disconnected_ms', now)

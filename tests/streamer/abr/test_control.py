@@ -243,3 +243,21 @@ def test_the_encoder_gets_target_times_gain() -> None:
     assert all(b > a for a, b in itertools.pairwise(ratios[:5])) and 1.0 < ratios[0] < ratios[-1] <= 1.3 + 1e-6
     assert steps[-1].encoder_bps == round(steps[-1].bitrate.target_bps * controller.gain)
     assert controller.gain == min(1.3, 1 / controller.efficiency)
+
+
+def test_a_resized_screen_gets_a_new_ladder_and_keeps_the_bitrate_state() -> None:
+    controller = StreamController(DESKTOP_PROFILE, desktop_ladder(1280, 720, 30))
+    now = 0
+    for _ in range(10):
+        now += 200
+        controller.update(Feedback(remb_bps=1_500_000), now)
+    target = controller.last.bitrate.target_bps if controller.last else 0
+    bigger = desktop_ladder(2560, 1440, 30)
+    rung = controller.set_ladder(bigger)
+    assert rung in bigger.rungs and controller.rung == rung
+    # the best rung of the new ladder whose floor the target meets: 2560x1440 at some fps
+    assert (rung.width, rung.height) == (2560, 1440)
+    assert rung.floor_bps <= target or rung == bigger.rungs[-1]
+    step = controller.update(Feedback(remb_bps=1_500_000), now + 200)
+    assert step.ladder.rung in bigger.rungs  # decisions go on from the new ladder
+    assert abs(step.bitrate.target_bps - target) <= target // 2  # the path's estimate was kept, not restarted

@@ -1,0 +1,178 @@
+"""Clipboard both ways, a screen that follows the window, and the sound controls, in Chromium.
+
+A real broker and ``render-node`` (as in ``test_client_stream.py``) run a desktop whose app is a
+small script: it writes its ``DISPLAY`` to a file (so the test can read and set the session's X
+clipboard with xclip) and waits.  The page (clipboard permissions granted) must:
+
+- put text copied in the session into the system clipboard (navigator.clipboard.readText);
+- send a paste to the session's CLIPBOARD and never get it back (no echo);
+- after a window resize, ask for the new size and decode frames of that size;
+- mute and set the volume of its ``#sound`` element from the toolbar, remembered across a reload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.conftest import ADMIN
+from tests.procs import Proc
+from tests.web.conftest import call, page_errors, user_token
+from tests.web.test_client_stream import render_node, wait_host
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+PASTE_JS = """(text) => {
+  const data = new DataTransfer();
+  data.setData('text/plain', text);
+  document.dispatchEvent(new ClipboardEvent('paste', { clipboardData: data, bubbles: true }));
+}"""
+
+
+def _xclip(display: str, text: str | None = None) -> str:
+    if text is not None:
+        subprocess.run(["xclip", "-selection", "clipboard", "-in"], input=text.encode(), env={"DISPLAY": display},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=15)
+        return ""
+    out = subprocess.run(["xclip", "-selection", "clipboard", "-o"], env={"DISPLAY": display}, capture_output=True,
+                         timeout=15)
+    return out.stdout.decode() if out.returncode == 0 else ""
+
+
+async def _until(check, what: str, deadline_s: float = 20.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + deadline_s
+    while not (value := await check()):
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+    return value
+
+
+async def test_clipboard_resize_and_sound_controls(
+    broker: Proc, http: aiohttp.ClientSession, browser, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for tool in ("Xvfb", "openbox", "xclip"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed (Debian package {tool.lower()})")
+    display_file = tmp_path / "display"
+    app = f'echo "$DISPLAY" > {shlex.quote(str(display_file))}; exec sleep 600'
+    monkeypatch.setenv("NODE_APP_COMMAND", shlex.join(["sh", "-c", app]))  # render_node copies os.environ
+    base, api = broker.url, f"{broker.url}/api/v1"
+    await call(http, "PUT", f"{api}/pools/io", ADMIN, {"kind": "desktop", "max_sessions_per_gpu": 1,
+                                                       "allow_resize": True})
+    async with render_node(base, "io", tmp_path / "render-node.log") as node:
+        await wait_host(http, base, node)
+        await browser.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
+        token = await user_token(http, base, "copier")
+        page = await browser.new_page()
+        errors = page_errors(page)
+        await page.goto(f"{base}/")
+        await page.fill("#token", token)
+        await page.click("#signin-submit")
+        await page.locator('#pools article[data-pool="io"] button').click()
+        await page.locator('body[data-view="stream"]').wait_for(timeout=20_000)
+        await page.wait_for_function("() => window.renderBroker.dc && window.renderBroker.dc.readyState === 'open'")
+        display = display_file.read_text().strip()
+        assert display.startswith(":"), display
+
+        # remote -> browser: copied in the session, it lands in the system clipboard
+        remote = "copied in the remote desktop ✓"
+        await asyncio.to_thread(_xclip, display, remote)
+        await page.wait_for_function("() => window.renderBroker.clipboardWrites === 1", timeout=15_000)
+        assert await page.evaluate("navigator.clipboard.readText()") == remote
+        assert await page.evaluate("window.renderBroker.remoteClipboard") == remote
+
+        # browser -> remote: a paste reaches the session's CLIPBOARD ...
+        pasted = "pasted from the browser"
+        await page.focus("#video")
+        await page.evaluate(PASTE_JS, pasted)
+
+        async def remote_has_paste() -> bool:
+            return await asyncio.to_thread(_xclip, display) == pasted
+
+        await _until(remote_has_paste, "the paste never reached the session's clipboard")
+        # ... and never comes back: the next remote copy is the second "cb" the page gets, not the third
+        second = "second remote copy"
+        await asyncio.to_thread(_xclip, display, second)
+        await page.wait_for_function(f"() => window.renderBroker.remoteClipboard === {second!r}", timeout=15_000)
+        assert await page.evaluate("window.renderBroker.clipboardReceived") == 2
+
+        # resize: the window shrinks, the page asks for its new size and decodes frames of that size
+        first = await page.evaluate("window.renderBroker.lastResize")
+        assert first == "1280x720", first
+        await page.set_viewport_size({"width": 900, "height": 506})
+        await page.wait_for_function("() => window.renderBroker.lastResize === '900x506'", timeout=10_000)
+        await page.wait_for_function("() => { const v = document.querySelector('#video');"
+                                     " return v.videoWidth === 900 && v.videoHeight === 506; }", timeout=20_000)
+        # the HiDPI opt-out is a remembered toggle
+        await page.click("#btn-hidpi")
+        assert await page.get_attribute("#btn-hidpi", "aria-pressed") == "false"
+        assert await page.evaluate("localStorage.getItem('rb.hidpi')") == "0"
+
+        # sound controls act on #sound and are remembered
+        await page.click("#btn-mute")
+        assert await page.evaluate("document.querySelector('#sound').muted") is True
+        assert await page.get_attribute("#btn-mute", "aria-pressed") == "true"
+        await page.fill("#volume", "30")
+        state = await page.evaluate("window.renderBroker.sound")
+        assert state == {"muted": False, "volume": 0.3}, state  # moving the slider up unmutes
+        await page.click("#btn-mute")
+        await page.click("#btn-end")
+        await page.locator('body[data-view="ended"]').wait_for()
+        await page.reload()
+        assert await page.evaluate("window.renderBroker.sound") == {"muted": True, "volume": 0.3}
+        assert await page.evaluate("window.renderBroker.hidpi") is False
+        assert not errors, errors
+
+
+async def test_a_2x_screen_gets_a_remote_screen_in_device_pixels_unless_turned_off(
+    broker: Proc, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """devicePixelRatio 2: a 640x360 CSS window asks for (and decodes) 1280x720; HiDPI off: 640x360."""
+    import os
+
+    from bench.common import CHROMIUM, CHROMIUM_ARGS
+
+    for tool in ("Xvfb", "openbox", "xterm"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed (Debian package)")
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium package")
+    from playwright.async_api import async_playwright
+
+    base, api = broker.url, f"{broker.url}/api/v1"
+    await call(http, "PUT", f"{api}/pools/retina", ADMIN, {"kind": "desktop", "max_sessions_per_gpu": 1,
+                                                           "allow_resize": True})
+    async with render_node(base, "retina", tmp_path / "render-node.log") as node, async_playwright() as pw:
+        await wait_host(http, base, node)
+        ctx = await pw.chromium.launch_persistent_context(
+            str(tmp_path / "profile-2x"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 640, "height": 360}, device_scale_factor=2)
+        try:
+            token = await user_token(http, base, "retina")
+            page = await ctx.new_page()
+            errors = page_errors(page)
+            await page.goto(f"{base}/")
+            assert await page.evaluate("window.devicePixelRatio") == 2
+            await page.fill("#token", token)
+            await page.click("#signin-submit")
+            await page.locator('#pools article[data-pool="retina"] button').click()
+            await page.locator('body[data-view="stream"]').wait_for(timeout=20_000)
+            await page.wait_for_function("() => window.renderBroker.lastResize === '1280x720'", timeout=10_000)
+            video_size = ("() => { const v = document.querySelector('#video');"
+                          " return `${v.videoWidth}x${v.videoHeight}`; }")
+            await page.wait_for_function(f"() => ({video_size})() === '1280x720'", timeout=20_000)
+            await page.click("#btn-hidpi")  # a weak link: CSS pixels, a quarter of the pixels to encode
+            await page.wait_for_function(f"() => ({video_size})() === '640x360'", timeout=20_000)
+            assert await page.evaluate("window.renderBroker.lastResize") == "640x360"
+            await page.click("#btn-end")
+            await page.locator('body[data-view="ended"]').wait_for()
+            assert not errors, errors
+        finally:
+            await ctx.close()
