@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -72,11 +73,13 @@ from bench.fleet_hosts import (
     pct,
     start_gens,
 )
+from bench.fleet_probe import summarize
 from broker.auth import mint_user_token
 from broker.embedded import EmbeddedRedis, free_port
 from rbcommon.procs import terminate_group
 
 PG_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+PROBE_SITE = str(Path(__file__).resolve().parent / "probe_site")
 
 
 def _s(v: Any) -> str:
@@ -246,6 +249,8 @@ class Result:
     machine_busy_pct: float = 0.0
     gen_cpu_pct: list[float] = field(default_factory=list)  # the main process, then each worker
     gen_lag_p99: list[float] = field(default_factory=list)  # loop lag p99 (ms): the main process, then each worker
+    seat_at: list[float] = field(default_factory=list)  # time.monotonic() at each measured seating's start
+    probe: list[str] = field(default_factory=list)  # --probe: what the first broker's seatings waited behind
     redis_cpu_pct: float = 0.0
     stats: Stats = field(default_factory=Stats)
     seat_errors: int = 0
@@ -263,7 +268,8 @@ class Result:
 
 
 async def run_fleet(cfg: FleetConfig, *, redis_url: str = "", db: str = "auto", pythonpath: str = "",
-                    log: Callable[[str], None] = print, keep_logs: str = "", log_level: str = "warning") -> Result:
+                    log: Callable[[str], None] = print, keep_logs: str = "", log_level: str = "warning",
+                    probe: bool = False) -> Result:
     """One (replicas, hosts) run; every process, key and database it made is gone when it returns."""
     res = Result(cfg)
     with tempfile.TemporaryDirectory(prefix="rb-fleet-") as tmp:
@@ -274,6 +280,9 @@ async def run_fleet(cfg: FleetConfig, *, redis_url: str = "", db: str = "auto", 
             env = {"BROKER_REDIS_URL": server.url, "BROKER_REDIS_PREFIX": prefix, "BROKER_ADMIN_TOKEN": admin,
                    "BROKER_NODE_TOKEN": node, "BROKER_SECRET": secret, "BROKER_DATA_DIR": str(workdir / "data"),
                    "BROKER_DATABASE_URL": db_url, "BROKER_LOG_LEVEL": log_level, "BROKER_AUTOSCALE_INTERVAL_S": "0"}
+            if probe:  # bench/probe_site/sitecustomize.py in every broker
+                env["FLEET_PROBE_OUT"] = str(workdir / "probe")
+                pythonpath = os.pathsep.join(p for p in (PROBE_SITE, pythonpath) if p)
             replicas = await start_replicas(cfg.replicas, env, workdir, pythonpath)
             rc = aioredis.Redis.from_url(server.url)
             try:
@@ -287,6 +296,10 @@ async def run_fleet(cfg: FleetConfig, *, redis_url: str = "", db: str = "auto", 
                     if keep_logs:
                         os.makedirs(keep_logs, exist_ok=True)
                         shutil.copy(rep.log, os.path.join(keep_logs, f"r{cfg.replicas}-h{cfg.hosts}-{rep.log.name}"))
+                if probe:
+                    records = sorted(workdir.glob("probe-*.json"))  # noqa: ASYNC240 (a few local files, once)
+                    res.probe = (summarize(json.loads(records[0].read_text()), res.seat_at, res.stats.seat_ms)
+                                 if records else ["probe: the broker wrote no records"])
                 if redis_url:  # a shared server: delete our keys
                     async for batch in _scan_batches(rc, f"{prefix}:*"):
                         await rc.delete(*batch)
@@ -412,6 +425,7 @@ async def _drive(cfg: FleetConfig, replicas: list[Replica], rc: aioredis.Redis, 
                     res.seat_errors += 1
                     return
                 stats.seat_ms.append((time.monotonic() - t) * 1000)
+                res.seat_at.append(t)
                 if status != 201:
                     res.seat_errors += 1
                     stats.errors[f"seat {status}"] += 1
@@ -567,6 +581,11 @@ async def main(argv: Sequence[str]) -> int:
     p.add_argument("--pythonpath", default="", help="run the brokers from this copy of the code (a baseline)")
     p.add_argument("--keep-logs", default="", help="copy each broker's log into this directory")
     p.add_argument("--log-level", default="warning", help="the brokers' log level")
+    p.add_argument("--probe", action="store_true",
+                   help="load bench/probe_site into the brokers and print what the first one's seatings waited behind "
+                        "(GC, event-loop stalls and their stacks, handler and Lua times); costs the brokers some CPU")
+    p.add_argument("--dump", default="",
+                   help="write each run's latencies with their start times (time.monotonic(), JSON) to DUMP-rR-hN.json")
     a = p.parse_args(argv)
     print(f"fleet benchmark {time.strftime('%Y-%m-%d %H:%M')}  cores {os.cpu_count()}  load {os.getloadavg()[0]:.2f}"
           f"  code {a.pythonpath or 'this checkout'}  hosts x 4 GPUs x {a.sessions_per_host} sessions, "
@@ -581,8 +600,12 @@ async def main(argv: Sequence[str]) -> int:
                               run_timeout_s=a.run_timeout_s, gen_procs=a.gen_procs)
             print(f"run: {replicas} replica(s), {hosts} hosts", flush=True)
             r = await run_fleet(cfg, redis_url=a.redis_url, db=a.database, pythonpath=a.pythonpath,
-                                keep_logs=a.keep_logs, log_level=a.log_level)
+                                keep_logs=a.keep_logs, log_level=a.log_level, probe=a.probe)
             rows.append(row(r))
+            if a.dump:
+                dump = json.dumps({"seat_ms": r.stats.seat_ms, "seat_at": r.seat_at, "hb_ms": r.stats.hb_ms,
+                                   "hb_at": r.stats.hb_at})
+                await asyncio.to_thread(Path(f"{a.dump}-r{replicas}-h{hosts}.json").write_text, dump)
             print("  " + "  ".join(f"{h}={v}" for h, v in zip(HEADER, rows[-1], strict=True)), flush=True)
             if r.stats.errors:
                 print("  errors: " + ", ".join(f"{k} {v}" for k, v in r.stats.errors.most_common()), flush=True)
@@ -597,6 +620,8 @@ async def main(argv: Sequence[str]) -> int:
             if r.redis_slow:
                 print("  redis commands over 5 ms: " + ", ".join(f"{c} {ms:.0f} ms" for ms, c in r.redis_slow),
                       flush=True)
+            for line in r.probe:
+                print("  " + line, flush=True)
             if r.note:
                 print("  note: " + r.note, flush=True)
     print()
