@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import json
 import random
+import signal
 import sys
 import time
 from collections import Counter
@@ -464,6 +465,9 @@ async def close_gens(gens: Sequence[LocalGen | ProcGen]) -> None:
 
 # ---- worker process ------------------------------------------------------------------------------
 async def worker_main() -> int:
+    # Ctrl-C reaches the whole process group: the main process stops its workers itself (stop, or
+    # its end closing their stdin), after its own clean-up
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=PIPE_LIMIT)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
