@@ -483,9 +483,12 @@ async def _drive(cfg: FleetConfig, replicas: list[Replica], rc: aioredis.Redis, 
                     body = await r.json(content_type=None)
                     if r.status == 201:
                         seated.append((body["id"], hdr))
-                        await ended_by_us(body)
+                        placed.append(body)
 
+            placed: list[dict[str, Any]] = []
             res.cmds_per_seat, res.scripts_per_seat = await isolated(rc, one_seat, cfg.isolated)
+            for body in placed:  # outside the measured seatings, before their ends
+                await ended_by_us(body)
             ends = iter(list(seated))
 
             async def one_end() -> None:

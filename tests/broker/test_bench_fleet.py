@@ -35,7 +35,7 @@ async def test_a_tiny_fleet_is_measured_and_cleaned_up(gen_procs: int, probe: bo
     and the broker carries the probe (bench/probe_site), whose records the run summarizes."""
     before = _children()
     cfg = bench.FleetConfig(hosts=3, replicas=1, sessions_per_host=2, heartbeat_s=1.0, steady_s=1.5, seatings=4,
-                            seat_rate=4.0, seat_hold_s=0.5, start_delay_s=(0.01, 0.05), quiet_s=0.5, isolated=2,
+                            seat_rate=4.0, seat_hold_s=0.5, start_delay_s=(0.01, 0.05), quiet_s=0.5, isolated=3,
                             run_timeout_s=90, gen_procs=gen_procs)
     lines: list[str] = []
     res = await bench.run_fleet(cfg, db="sqlite", log=lines.append, probe=probe)
