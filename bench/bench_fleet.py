@@ -24,6 +24,10 @@ errors, sessions ended wrongly (any end the benchmark did not ask for), hosts th
 lease, Redis commands (and Lua script calls) per heartbeat and per seating, background commands
 per second and Redis CPU.
 
+``--probe`` loads ``bench/probe_site`` into the brokers and prints, per run, what the first broker's
+seatings waited behind (``bench/fleet_probe.py``: GC pauses, event-loop stalls and their stacks,
+handler and Lua times); ``--dump`` writes the latencies with their start times.
+
 Loopback only, bounded: every run has a deadline (``--run-timeout-s``) and stops its processes
 and deletes its keys and database.
 
