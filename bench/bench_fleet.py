@@ -4,7 +4,10 @@ Every simulated host behaves like ``streamer.node.agent`` without media: it regi
 keeps its command WebSocket open, heartbeats every 5 s with full telemetry (sequentially: the
 next body is built after the previous reply, then a sleep), starts the sessions it is told to
 start after a short simulated start time (then reports ``running``) and stops those it is told
-to stop.  One Server-Sent Events stream is open per 4 sessions.  The brokers are real
+to stop.  One Server-Sent Events stream is open per 4 sessions.  The hosts and streams run in this
+process (``--gen-procs 1``) or in K worker processes (``bench/fleet_hosts.py``, host i in worker
+i mod K), which this process drives over pipes; it keeps the setup, the measured seatings, the quiet
+window and the checks, and reports each generator process's CPU and event-loop lag.  The brokers are real
 ``render-broker serve`` processes (``--pythonpath DIR`` runs another copy of the code, e.g. a
 saved baseline), on PostgreSQL when 127.0.0.1:5432 answers (a fresh database per run), else
 SQLite; Redis is a private ``redis-server`` started for the run (the system binary when there is
@@ -21,13 +24,17 @@ errors, sessions ended wrongly (any end the benchmark did not ask for), hosts th
 lease, Redis commands (and Lua script calls) per heartbeat and per seating, background commands
 per second and Redis CPU.
 
+``--probe`` loads ``bench/probe_site`` into the brokers and prints, per run, what the first broker's
+seatings waited behind (``bench/fleet_probe.py``: GC pauses, event-loop stalls and their stacks,
+handler and Lua times); ``--dump`` writes the latencies with their start times.
+
 Loopback only, bounded: every run has a deadline (``--run-timeout-s``) and stops its processes
 and deletes its keys and database.
 
     .venv/bin/python bench/bench_fleet.py --hosts 100 250 500 1000 --replicas 1 2
 
-Size: about 780 lines in one script on purpose: a benchmark a user runs and reads on its own (simulated
-hosts, broker processes, measurement windows, report).
+Size: about 650 lines in one script on purpose: a benchmark a user runs and reads on its own (broker
+processes, measurement windows, report); the simulated hosts are in ``bench/fleet_hosts.py``.
 """
 
 from __future__ import annotations
@@ -57,69 +64,30 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from bench.common import machine_busy_cpu_s, own_cpu_s, print_table
+from bench.fleet_hosts import (
+    POOL,
+    REQUEST_TIMEOUT_S,
+    FleetConfig,
+    LocalGen,
+    ProcGen,
+    Stats,
+    close_gens,
+    host_index,
+    loop_lag,
+    pct,
+    start_gens,
+)
+from bench.fleet_probe import summarize
 from broker.auth import mint_user_token
 from broker.embedded import EmbeddedRedis, free_port
 from rbcommon.procs import terminate_group
 
-POOL = "fleet"
 PG_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
-REQUEST_TIMEOUT_S = 60.0
-GPU_MODEL = "NVIDIA L40S"
-
-
-@dataclass(frozen=True)
-class FleetConfig:
-    hosts: int
-    replicas: int = 1
-    gpus_per_host: int = 4
-    seats_per_gpu: int = 3  # 12 seats a host: 10 taken by the fleet, room for the seatings
-    sessions_per_host: int = 10
-    heartbeat_s: float = 5.0
-    heartbeat_jitter: float = 0.0  # sleep heartbeat_s x (1 +- this); the real agent does not jitter (0)
-    sse_every: int = 4  # one events stream per this many sessions
-    steady_s: float = 20.0
-    seatings: int = 200
-    seat_rate: float = 10.0
-    seat_hold_s: float = 2.0  # a measured seating is ended by its user this long after it was seated
-    start_delay_s: tuple[float, float] = (0.05, 0.5)  # simulated session start time
-    setup_concurrency: int = 32
-    quiet_s: float = 2.0
-    isolated: int = 12  # isolated heartbeats and seatings measured in the quiet window
-    run_timeout_s: float = 900.0
-
-
-@dataclass
-class Stats:
-    hb_ms: list[float] = field(default_factory=list)
-    seat_ms: list[float] = field(default_factory=list)
-    errors: Counter[str] = field(default_factory=Counter)
-    heartbeats: int = 0
-    recording: bool = False
-    stops_unasked: int = 0  # stop commands for sessions the benchmark did not end
-    gen_lag_ms: list[float] = field(default_factory=list)  # how late the generator's own loop woke up
-    hb_at: list[float] = field(default_factory=list)  # perf_counter at each recorded heartbeat's start
-    seat_from: float = 0.0  # perf_counter when the seatings began
-    reregistered: int = 0
+PROBE_SITE = str(Path(__file__).resolve().parent / "probe_site")
 
 
 def _s(v: Any) -> str:
     return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
-
-
-async def wait_until(done: Callable[[], bool], timeout_s: float, poll_s: float) -> bool:
-    """Poll ``done`` until it holds or ``timeout_s`` passes (the simulated fleet has no event to wait on)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if done():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(poll_s)
 
 
 async def outbox_empty(rc: aioredis.Redis, key: str, timeout_s: float, poll_s: float) -> bool:
@@ -130,15 +98,6 @@ async def outbox_empty(rc: aioredis.Redis, key: str, timeout_s: float, poll_s: f
             return False
         await asyncio.sleep(poll_s)
     return True
-
-
-async def loop_lag(stats: Stats, period_s: float = 0.02) -> None:
-    """Record how late this process's event loop wakes up: latencies it measures include this much."""
-    loop = asyncio.get_running_loop()
-    while True:
-        asked = loop.time() + period_s
-        await asyncio.sleep(period_s)
-        stats.gen_lag_ms.append((loop.time() - asked) * 1000)
 
 
 def proc_wait_s(pid: int) -> float:
@@ -249,151 +208,6 @@ async def start_replicas(n: int, env: dict[str, str], workdir: Path, pythonpath:
     return out
 
 
-# ---- simulated hosts -------------------------------------------------------------------------------
-class SimHost:
-    """One render host: registration, command socket, sequential heartbeats, session start/stop."""
-
-    def __init__(self, idx: int, base: str, cfg: FleetConfig, node_token: str, stats: Stats,
-                 rng: random.Random) -> None:
-        self.id = f"fh{idx:05d}"
-        self.base = base
-        self.cfg = cfg
-        self.auth = {"Authorization": f"Bearer {node_token}"}
-        self.stats = stats
-        self.rng = rng
-        self.running: dict[str, int] = {}  # session id -> last input (epoch ms)
-        self.starting: set[str] = set()
-        self.ended_by_us: set[str] = set()
-        self.gate: asyncio.Event | None = None
-        self.in_flight = 0
-
-    def register_body(self) -> dict[str, Any]:
-        return {"id": self.id, "pool": POOL, "address": f"{self.id}.fleet.internal:7000", "version": "sim/1",
-                "gpus": [{"index": g, "vram_mb": 46_068, "model": GPU_MODEL, "encoder_session_limit": 8,
-                          "nvenc": True, "encode": "nvenc"} for g in range(self.cfg.gpus_per_host)]}
-
-    async def register(self, http: aiohttp.ClientSession) -> None:
-        async with http.post(f"{self.base}/api/v1/hosts", json=self.register_body(), headers=self.auth) as r:
-            if r.status != 201:
-                raise RuntimeError(f"register {self.id}: {r.status} {await r.text()}")
-            # per-host calls carry the credential bound to this host (the node token only registers);
-            # a broker from before per-host identity (a --pythonpath baseline) sends none
-            cred = (await r.json()).get("node_credential")
-            if cred:
-                self.auth = {"Authorization": f"Bearer {cred['token']}"}
-
-    def heartbeat_body(self) -> dict[str, Any]:
-        now = int(time.time() * 1000)
-        rng = self.rng
-        gpus = [{"index": g, "utilization": rng.uniform(20, 90), "vram_used_mb": rng.uniform(4000, 30000),
-                 "vram_total_mb": 46_068, "encoder_utilization": rng.uniform(10, 60), "encoder_sessions": 3,
-                 "encoder_fps": 59.8, "encoder_latency_us": rng.uniform(800, 3000),
-                 "temperature_c": rng.uniform(40, 75), "power_w": rng.uniform(90, 300), "throttle_reasons": []}
-                for g in range(self.cfg.gpus_per_host)]
-        sessions = []
-        for sid in self.running:
-            self.running[sid] = now - rng.randint(0, 4000)
-            sessions.append({"id": sid, "state": "running", "last_input_ms": self.running[sid],
-                             "fps": 59.9, "target_fps": 60, "encode_ms": rng.uniform(2, 6),
-                             "bitrate_bps": rng.uniform(8e6, 2e7), "target_bps": 2e7, "rtt_ms": rng.uniform(5, 40),
-                             "jitter_ms": rng.uniform(1, 6), "loss": rng.uniform(0, 0.01), "keyframes": 3,
-                             "encoder": "h264_nvenc", "width": 1920, "height": 1080})
-        return {"gpus": gpus, "sessions": sessions, "cpu_percent": rng.uniform(20, 80)}
-
-    async def heartbeat(self, http: aiohttp.ClientSession, record: bool) -> int:
-        body = self.heartbeat_body()
-        t0 = time.perf_counter()
-        self.in_flight += 1
-        try:
-            async with http.put(f"{self.base}/api/v1/hosts/{self.id}/heartbeat", json=body, headers=self.auth) as r:
-                data = await r.json(content_type=None)
-                status = r.status
-        finally:
-            self.in_flight -= 1
-        if record:
-            self.stats.hb_ms.append((time.perf_counter() - t0) * 1000)
-            self.stats.hb_at.append(t0)
-            self.stats.heartbeats += 1
-        if status == 404 and isinstance(data, dict) and data.get("reregister"):
-            self.stats.reregistered += 1
-            self.stats.errors["heartbeat 404 reregister"] += 1
-            await self.register(http)
-            return status
-        if status != 200:
-            self.stats.errors[f"heartbeat {status}"] += 1
-            return status
-        for cmd in data.get("start", []):
-            self.start(http, cmd["session"]["id"])
-        for sid in data.get("stop", []):
-            self.stop(sid)
-        return status
-
-    async def heartbeat_loop(self, http: aiohttp.ClientSession) -> None:
-        await asyncio.sleep(self.rng.uniform(0, self.cfg.heartbeat_s))
-        while True:
-            if self.gate is not None:
-                await self.gate.wait()
-            try:
-                await self.heartbeat(http, self.stats.recording)
-            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                self.stats.errors[f"heartbeat {type(exc).__name__}"] += 1
-            j = self.cfg.heartbeat_jitter
-            await asyncio.sleep(self.cfg.heartbeat_s * (self.rng.uniform(1 - j, 1 + j) if j else 1.0))
-
-    def start(self, http: aiohttp.ClientSession, sid: str) -> None:
-        if sid in self.running or sid in self.starting:
-            return
-        self.starting.add(sid)
-        asyncio.get_running_loop().create_task(self._start(http, sid))
-
-    async def _start(self, http: aiohttp.ClientSession, sid: str) -> None:
-        await asyncio.sleep(self.rng.uniform(*self.cfg.start_delay_s))
-        if sid not in self.starting:
-            return  # stopped meanwhile
-        self.starting.discard(sid)
-        self.running[sid] = int(time.time() * 1000)  # the agent adds it before it reports running
-        with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-            async with http.put(f"{self.base}/api/v1/hosts/{self.id}/sessions/{sid}/state",
-                                json={"state": "running"}, headers=self.auth) as r:
-                await r.read()
-                if r.status >= 400:
-                    self.stats.errors[f"report running {r.status}"] += 1
-
-    def stop(self, sid: str) -> None:
-        self.starting.discard(sid)
-        if self.running.pop(sid, None) is not None and sid not in self.ended_by_us:
-            self.stats.stops_unasked += 1
-
-    async def command_loop(self, http: aiohttp.ClientSession) -> None:
-        url = f"{self.base}/api/v1/hosts/{self.id}/commands".replace("http", "ws", 1)
-        while True:
-            try:
-                async with http.ws_connect(url, headers=self.auth, heartbeat=10.0) as ws:
-                    async for msg in ws:
-                        if msg.type != aiohttp.WSMsgType.TEXT:
-                            continue
-                        cmd = json.loads(msg.data)
-                        if cmd.get("cmd") == "start":
-                            self.start(http, cmd["session"]["id"])
-                        elif cmd.get("cmd") == "stop":
-                            self.stop(cmd["session_id"])
-            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                self.stats.errors[f"command socket {type(exc).__name__}"] += 1
-            await asyncio.sleep(1.0)
-
-
-async def sse_reader(http: aiohttp.ClientSession, url: str, token: str, stats: Stats) -> None:
-    try:
-        async with http.get(url, headers={"Authorization": f"Bearer {token}"}) as r:
-            if r.status != 200:
-                stats.errors[f"events {r.status}"] += 1
-                return
-            async for _line in r.content:
-                pass
-    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-        stats.errors[f"events {type(exc).__name__}"] += 1
-
-
 # ---- Redis readings ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RedisReading:
@@ -437,7 +251,10 @@ class Result:
     broker_cpu_pct: list[float] = field(default_factory=list)
     broker_wait_pct: list[float] = field(default_factory=list)  # runnable but waiting for a core
     machine_busy_pct: float = 0.0
-    gen_cpu_pct: float = 0.0
+    gen_cpu_pct: list[float] = field(default_factory=list)  # the main process, then each worker
+    gen_lag_p99: list[float] = field(default_factory=list)  # loop lag p99 (ms): the main process, then each worker
+    seat_at: list[float] = field(default_factory=list)  # time.monotonic() at each measured seating's start
+    probe: list[str] = field(default_factory=list)  # --probe: what the first broker's seatings waited behind
     redis_cpu_pct: float = 0.0
     stats: Stats = field(default_factory=Stats)
     seat_errors: int = 0
@@ -455,7 +272,8 @@ class Result:
 
 
 async def run_fleet(cfg: FleetConfig, *, redis_url: str = "", db: str = "auto", pythonpath: str = "",
-                    log: Callable[[str], None] = print, keep_logs: str = "", log_level: str = "warning") -> Result:
+                    log: Callable[[str], None] = print, keep_logs: str = "", log_level: str = "warning",
+                    probe: bool = False) -> Result:
     """One (replicas, hosts) run; every process, key and database it made is gone when it returns."""
     res = Result(cfg)
     with tempfile.TemporaryDirectory(prefix="rb-fleet-") as tmp:
@@ -466,6 +284,9 @@ async def run_fleet(cfg: FleetConfig, *, redis_url: str = "", db: str = "auto", 
             env = {"BROKER_REDIS_URL": server.url, "BROKER_REDIS_PREFIX": prefix, "BROKER_ADMIN_TOKEN": admin,
                    "BROKER_NODE_TOKEN": node, "BROKER_SECRET": secret, "BROKER_DATA_DIR": str(workdir / "data"),
                    "BROKER_DATABASE_URL": db_url, "BROKER_LOG_LEVEL": log_level, "BROKER_AUTOSCALE_INTERVAL_S": "0"}
+            if probe:  # bench/probe_site/sitecustomize.py in every broker
+                env["FLEET_PROBE_OUT"] = str(workdir / "probe")
+                pythonpath = os.pathsep.join(p for p in (PROBE_SITE, pythonpath) if p)
             replicas = await start_replicas(cfg.replicas, env, workdir, pythonpath)
             rc = aioredis.Redis.from_url(server.url)
             try:
@@ -479,6 +300,10 @@ async def run_fleet(cfg: FleetConfig, *, redis_url: str = "", db: str = "auto", 
                     if keep_logs:
                         os.makedirs(keep_logs, exist_ok=True)
                         shutil.copy(rep.log, os.path.join(keep_logs, f"r{cfg.replicas}-h{cfg.hosts}-{rep.log.name}"))
+                if probe:
+                    records = sorted(workdir.glob("probe-*.json"))  # noqa: ASYNC240 (a few local files, once)
+                    res.probe = (summarize(json.loads(records[0].read_text()), res.seat_at, res.stats.seat_ms)
+                                 if records else ["probe: the broker wrote no records"])
                 if redis_url:  # a shared server: delete our keys
                     async for batch in _scan_batches(rc, f"{prefix}:*"):
                         await rc.delete(*batch)
@@ -503,32 +328,32 @@ async def _drive(cfg: FleetConfig, replicas: list[Replica], rc: aioredis.Redis, 
     rng = random.Random(cfg.hosts * 31 + cfg.replicas)
     admin_h = {"Authorization": f"Bearer {admin}"}
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    tasks: list[asyncio.Task[Any]] = []
     t_setup = time.monotonic()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as http, \
-            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                  timeout=aiohttp.ClientTimeout(total=None)) as streams:
+    gens: list[LocalGen | ProcGen] = []
+    main_lag: list[float] = []
+    lag_task: asyncio.Task[None] | None = None
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as http:
         try:
             async with http.put(f"{replicas[0].url}/api/v1/pools/{POOL}", headers=admin_h, json={
                     "strategy": "breadth-first", "max_sessions_per_gpu": cfg.seats_per_gpu,
                     "vram_per_session_mb": 2048, "max_queue": 10_000, "idle_timeout_s": 1800,
                     "max_duration_s": 0}) as r:
                 assert r.status in (200, 201), await r.text()
-            hosts = [SimHost(i, replicas[i % len(replicas)].url, cfg, node, stats, random.Random(i))
-                     for i in range(cfg.hosts)]
-            gate = asyncio.Event()
-            gate.set()
+            # the simulated hosts (host i talks to replica i mod R) in this process or in gen_procs workers
+            # (host i in worker i mod K): registered, command sockets open, heartbeating
+            gens = await start_gens(cfg, [rep.url for rep in replicas], node)
             sem = asyncio.Semaphore(cfg.setup_concurrency)
 
-            async def limited(coro: Awaitable[Any]) -> Any:
-                async with sem:
-                    return await coro
+            def gen_of(host: str) -> LocalGen | ProcGen | None:
+                i = host_index(host)
+                return gens[i % len(gens)] if 0 <= i < cfg.hosts else None
 
-            await asyncio.gather(*[limited(h.register(http)) for h in hosts])
-            for h in hosts:
-                h.gate = gate
-                tasks.append(asyncio.create_task(h.command_loop(streams)))
-                tasks.append(asyncio.create_task(h.heartbeat_loop(http)))
+            async def running() -> int:
+                return sum(r["running"] for r in await asyncio.gather(*[g.call("running") for g in gens]))
+
+            async def each(op: str, **args: Any) -> list[dict[str, Any]]:
+                return list(await asyncio.gather(*[g.call(op, **args) for g in gens]))
+
             # seat the fleet's sessions through the API, one user each
             now_s = time.time()
             total = cfg.hosts * cfg.sessions_per_host
@@ -537,20 +362,27 @@ async def _drive(cfg: FleetConfig, replicas: list[Replica], rc: aioredis.Redis, 
 
             async def seat(i: int) -> None:
                 base = replicas[i % len(replicas)].url
-                async with http.post(f"{base}/api/v1/sessions", json={"pool": POOL},
-                                     headers={"Authorization": f"Bearer {users[i]}"}) as r:
+                async with sem, http.post(f"{base}/api/v1/sessions", json={"pool": POOL},
+                                          headers={"Authorization": f"Bearer {users[i]}"}) as r:
                     body = await r.json(content_type=None)
                     if r.status != 201:
                         stats.errors[f"setup seat {r.status}"] += 1
                         return
                     fleet[body["id"]] = users[i]
 
-            await asyncio.gather(*[limited(seat(i)) for i in range(total)])
+            await asyncio.gather(*[seat(i) for i in range(total)])
+            streams: list[list[list[str]]] = [[] for _ in gens]  # one SSE reader per sse_every sessions
             for n, (sid, tok) in enumerate(fleet.items()):
                 if n % cfg.sse_every == 0:
                     url = f"{replicas[n % len(replicas)].url}/api/v1/sessions/{sid}/events"
-                    tasks.append(asyncio.create_task(sse_reader(streams, url, tok, stats)))
-            await wait_until(lambda: sum(len(h.running) for h in hosts) >= len(fleet), 120, 0.5)
+                    streams[(n // cfg.sse_every) % len(gens)].append([url, tok])
+            await asyncio.gather(*[g.call("streams", items=items) for g, items in zip(gens, streams, strict=True)])
+            deadline = time.monotonic() + 120
+            while True:
+                n_running = await running()
+                if n_running >= len(fleet) or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.5)
             await asyncio.sleep(cfg.heartbeat_s)  # one full heartbeat round with every session running
             # the setup's session records still flow to SQL through the outbox (500 a pass); measuring
             # before it is empty would charge that one-off backlog to the steady window
@@ -558,29 +390,37 @@ async def _drive(cfg: FleetConfig, replicas: list[Replica], rc: aioredis.Redis, 
             await outbox_empty(rc, f"{prefix}:outbox", 180, 0.5)
             res.setup_s = time.monotonic() - t_setup
             log(f"  setup {res.setup_s:.0f} s: {cfg.hosts} hosts, {len(fleet)} sessions "
-                f"({sum(len(h.running) for h in hosts)} running), {len(tasks)} tasks, "
-                f"outbox drained in {time.monotonic() - t_outbox:.0f} s")
+                f"({n_running} running), {sum(len(x) for x in streams)} event streams, "
+                f"{len(gens)} generator process(es), outbox drained in {time.monotonic() - t_outbox:.0f} s")
 
             # steady + seating windows: latency, CPU, commands
             pids = [r.proc.pid for r in replicas]
+            gen_pids = [g.pid for g in gens if g.pid is not None]
             cpu0 = [proc_cpu_s(p) for p in pids]
             wait0 = [proc_wait_s(p) for p in pids]
+            gen_cpu0 = [proc_cpu_s(p) for p in gen_pids]
             busy0, own0, t0 = machine_busy_cpu_s(), own_cpu_s(), time.monotonic()
             red0 = await read_redis(rc)
             await rc.slowlog_reset()
             await rc.config_set("slowlog-log-slower-than", 5000)  # µs: what could stall every caller
-            stats.recording = True
-            lag_task = asyncio.create_task(loop_lag(stats))
-            tasks.append(lag_task)
+            await each("record", on=True)
+            lag_task = asyncio.create_task(loop_lag(main_lag))
             await asyncio.sleep(cfg.steady_s)
             seat_users = [mint_user_token(secret, f"seat-u{i}", time.time(), 86_400)[0]
                           for i in range(cfg.seatings + cfg.isolated)]
-            by_host = {h.id: h for h in hosts}
+            asked: set[str] = set()  # sessions the benchmark ended itself
+
+            async def ended_by_us(body: dict[str, Any]) -> None:
+                """Tell the session's host that its stop command is ours, before the end is asked for."""
+                asked.add(body["id"])
+                gen = gen_of(body.get("host") or "")
+                if gen is not None:
+                    await gen.call("ended", host=host_index(body["host"]), session=body["id"])
 
             async def measured_seat(i: int) -> None:
                 base = replicas[i % len(replicas)].url
                 hdr = {"Authorization": f"Bearer {seat_users[i]}"}
-                t = time.perf_counter()
+                t = time.monotonic()
                 try:
                     async with http.post(f"{base}/api/v1/sessions", json={"pool": POOL}, headers=hdr) as r:
                         body = await r.json(content_type=None)
@@ -588,53 +428,55 @@ async def _drive(cfg: FleetConfig, replicas: list[Replica], rc: aioredis.Redis, 
                 except (aiohttp.ClientError, OSError, TimeoutError):
                     res.seat_errors += 1
                     return
-                stats.seat_ms.append((time.perf_counter() - t) * 1000)
+                stats.seat_ms.append((time.monotonic() - t) * 1000)
+                res.seat_at.append(t)
                 if status != 201:
                     res.seat_errors += 1
                     stats.errors[f"seat {status}"] += 1
                     return
                 await asyncio.sleep(cfg.seat_hold_s)
-                host = by_host.get(body.get("host") or "")
-                if host is not None:
-                    host.ended_by_us.add(body["id"])
+                await ended_by_us(body)
                 async with http.delete(f"{base}/api/v1/sessions/{body['id']}", headers=hdr) as r:
                     await r.read()
 
             seat_tasks = []
-            stats.seat_from = time.perf_counter()
+            stats.seat_from = time.monotonic()
             for i in range(cfg.seatings):
                 seat_tasks.append(asyncio.create_task(measured_seat(i)))
                 await asyncio.sleep(1.0 / cfg.seat_rate)
             await asyncio.gather(*seat_tasks)
-            stats.recording = False
+            await each("record", on=False)
             lag_task.cancel()
             t1 = time.monotonic()
             red1 = await read_redis(rc)
             res.redis_slow = [(int(e["duration"]) / 1000, _s(e["command"])[:60]) for e in await rc.slowlog_get(10)]
             busy1, own1 = machine_busy_cpu_s(), own_cpu_s()
+            gen_cpu1 = [proc_cpu_s(p) for p in gen_pids]
             wall = t1 - t0
             res.broker_cpu_pct = [100 * (proc_cpu_s(p) - c) / wall for p, c in zip(pids, cpu0, strict=True)]
             res.broker_wait_pct = [100 * (proc_wait_s(p) - w) / wall for p, w in zip(pids, wait0, strict=True)]
             if busy0 is not None and busy1 is not None:
                 res.machine_busy_pct = 100 * (busy1 - busy0) / wall / (os.cpu_count() or 1)
-            res.gen_cpu_pct = 100 * (own1 - own0) / wall
+            res.gen_cpu_pct = [100 * (own1 - own0) / wall] + [100 * (b - a) / wall
+                                                               for a, b in zip(gen_cpu0, gen_cpu1, strict=True)]
             res.redis_cpu_pct = 100 * (red1.cpu_s - red0.cpu_s) / wall
             res.cmds_per_s = (red1.calls - red0.calls) / wall
 
             # quiet window: heartbeats paused, then background rate and isolated operations
-            gate.clear()
-            await wait_until(lambda: not any(h.in_flight for h in hosts), 5, 0.05)
+            await each("pause")
             await asyncio.sleep(0.3)
             q0 = await read_redis(rc)
             await asyncio.sleep(cfg.quiet_s)
             q1 = await read_redis(rc)
             res.bg_cmds_per_s = (q1.calls - q0.calls) / cfg.quiet_s
-            probe = iter(rng.sample(hosts, min(cfg.isolated, len(hosts))) * 2)
+            n_probe = min(cfg.isolated, cfg.hosts)
+            probe = iter(rng.sample(range(cfg.hosts), n_probe) * 2)
 
             async def one_hb() -> None:
-                await next(probe).heartbeat(http, False)
+                i = next(probe)
+                await gens[i % len(gens)].call("heartbeat", host=i)
 
-            res.cmds_per_hb, res.scripts_per_hb = await isolated(rc, one_hb, min(cfg.isolated, len(hosts)))
+            res.cmds_per_hb, res.scripts_per_hb = await isolated(rc, one_hb, n_probe)
             seated: list[tuple[str, dict[str, str]]] = []
             seq = iter(range(cfg.seatings, cfg.seatings + cfg.isolated))
 
@@ -645,11 +487,12 @@ async def _drive(cfg: FleetConfig, replicas: list[Replica], rc: aioredis.Redis, 
                     body = await r.json(content_type=None)
                     if r.status == 201:
                         seated.append((body["id"], hdr))
-                        host = by_host.get(body.get("host") or "")
-                        if host is not None:
-                            host.ended_by_us.add(body["id"])
+                        placed.append(body)
 
+            placed: list[dict[str, Any]] = []
             res.cmds_per_seat, res.scripts_per_seat = await isolated(rc, one_seat, cfg.isolated)
+            for body in placed:  # outside the measured seatings, before their ends
+                await ended_by_us(body)
             ends = iter(list(seated))
 
             async def one_end() -> None:
@@ -658,10 +501,22 @@ async def _drive(cfg: FleetConfig, replicas: list[Replica], rc: aioredis.Redis, 
                     await r.read()
 
             res.cmds_per_end, _ = await isolated(rc, one_end, len(seated))
-            gate.set()
+            await each("resume")
+
+            # the generators' counts: heartbeat latencies, errors, stops unasked, re-registrations, loop lag
+            for gen, part in zip(gens, await each("stats"), strict=True):
+                stats.hb_ms += part["hb_ms"]
+                stats.hb_at += part["hb_at"]
+                stats.errors.update(part["errors"])
+                stats.heartbeats += part["heartbeats"]
+                stats.stops_unasked += part["stops_unasked"]
+                stats.reregistered += part["reregistered"]
+                if gen.pid is not None:  # a worker (in-process hosts share the main loop, sampled below)
+                    res.gen_lag_p99.append(part["lag_p99_ms"])
+            res.gen_lag_p99.insert(0, pct(main_lag, .99))
+            stats.gen_lag_ms = main_lag
 
             # what ended that should not have, and hosts that lost their lease
-            asked = set().union(*(h.ended_by_us for h in hosts))
             ids = list(fleet)
             async with rc.pipeline(transaction=False) as pipe:
                 for sid in ids:
@@ -679,9 +534,10 @@ async def _drive(cfg: FleetConfig, replicas: list[Replica], rc: aioredis.Redis, 
             if lost_logs:
                 res.note += f"{lost_logs} lease expiries logged; "
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            if lag_task is not None:
+                lag_task.cancel()
+                await asyncio.gather(lag_task, return_exceptions=True)
+            await close_gens(gens)
 
 
 # ---- report --------------------------------------------------------------------------------------
@@ -703,7 +559,13 @@ def row(r: Result) -> list[str]:
             f"{pct(s.seat_ms, .5):.0f}", f"{pct(s.seat_ms, .99):.0f}", str(r.seat_errors), wrong_s,
             str(r.hosts_lost), f"{r.cmds_per_hb:.0f}", f"{r.scripts_per_hb:.0f}", f"{r.cmds_per_seat:.0f}",
             f"{r.scripts_per_seat:.0f}", f"{r.cmds_per_end:.0f}", f"{r.bg_cmds_per_s:.0f}", f"{r.cmds_per_s:.0f}",
-            f"{r.redis_cpu_pct:.0f}", f"{r.gen_cpu_pct:.0f}", f"{pct(s.gen_lag_ms, .99):.0f}"]
+            f"{r.redis_cpu_pct:.0f}", "+".join(f"{c:.0f}" for c in r.gen_cpu_pct) or "-",
+            f"{max(r.gen_lag_p99):.0f}" if r.gen_lag_p99 else "-"]
+
+
+def default_gen_procs() -> int:
+    """A quarter of the cores, 1 to 8: a 2-core machine keeps the hosts in the benchmark's process."""
+    return max(1, min(8, (os.cpu_count() or 1) // 4))
 
 
 async def main(argv: Sequence[str]) -> int:
@@ -718,26 +580,39 @@ async def main(argv: Sequence[str]) -> int:
     p.add_argument("--heartbeat-jitter", type=float, default=0.0,
                    help="hosts sleep heartbeat-s x (1 +- this) between heartbeats (the real agent: 0)")
     p.add_argument("--run-timeout-s", type=float, default=900.0)
+    p.add_argument("--gen-procs", type=int, default=default_gen_procs(),
+                   help="worker processes running the simulated hosts and SSE readers (host i in worker i mod K); "
+                        "1 runs them in this process (default: a quarter of the cores, 1 to 8: %(default)s here)")
     p.add_argument("--redis-url", default="", help="use this Redis (default: a private redis-server per run)")
     p.add_argument("--database", choices=["auto", "sqlite", "postgresql"], default="auto")
     p.add_argument("--pythonpath", default="", help="run the brokers from this copy of the code (a baseline)")
     p.add_argument("--keep-logs", default="", help="copy each broker's log into this directory")
     p.add_argument("--log-level", default="warning", help="the brokers' log level")
+    p.add_argument("--probe", action="store_true",
+                   help="load bench/probe_site into the brokers and print what the first one's seatings waited behind "
+                        "(GC, event-loop stalls and their stacks, handler and Lua times); costs the brokers some CPU")
+    p.add_argument("--dump", default="",
+                   help="write each run's latencies with their start times (time.monotonic(), JSON) to DUMP-rR-hN.json")
     a = p.parse_args(argv)
     print(f"fleet benchmark {time.strftime('%Y-%m-%d %H:%M')}  cores {os.cpu_count()}  load {os.getloadavg()[0]:.2f}"
           f"  code {a.pythonpath or 'this checkout'}  hosts x 4 GPUs x {a.sessions_per_host} sessions, "
-          f"heartbeat {a.heartbeat_s:.0f} s, {a.seatings} seatings at {a.seat_rate:g}/s", flush=True)
+          f"heartbeat {a.heartbeat_s:.0f} s, {a.seatings} seatings at {a.seat_rate:g}/s, "
+          f"generator processes {a.gen_procs}", flush=True)
     rows = []
     for replicas in a.replicas:
         for hosts in a.hosts:
             cfg = FleetConfig(hosts=hosts, replicas=replicas, sessions_per_host=a.sessions_per_host,
                               steady_s=a.steady_s, seatings=a.seatings, seat_rate=a.seat_rate,
                               heartbeat_s=a.heartbeat_s, heartbeat_jitter=a.heartbeat_jitter,
-                              run_timeout_s=a.run_timeout_s)
+                              run_timeout_s=a.run_timeout_s, gen_procs=a.gen_procs)
             print(f"run: {replicas} replica(s), {hosts} hosts", flush=True)
             r = await run_fleet(cfg, redis_url=a.redis_url, db=a.database, pythonpath=a.pythonpath,
-                                keep_logs=a.keep_logs, log_level=a.log_level)
+                                keep_logs=a.keep_logs, log_level=a.log_level, probe=a.probe)
             rows.append(row(r))
+            if a.dump:
+                dump = json.dumps({"seat_ms": r.stats.seat_ms, "seat_at": r.seat_at, "hb_ms": r.stats.hb_ms,
+                                   "hb_at": r.stats.hb_at})
+                await asyncio.to_thread(Path(f"{a.dump}-r{replicas}-h{hosts}.json").write_text, dump)
             print("  " + "  ".join(f"{h}={v}" for h, v in zip(HEADER, rows[-1], strict=True)), flush=True)
             if r.stats.errors:
                 print("  errors: " + ", ".join(f"{k} {v}" for k, v in r.stats.errors.most_common()), flush=True)
@@ -746,9 +621,14 @@ async def main(argv: Sequence[str]) -> int:
             print(f"  heartbeat p50/p99 ms: steady window {pct(steady, .5):.0f}/{pct(steady, .99):.0f}, "
                   f"seating window {pct(seating, .5):.0f}/{pct(seating, .99):.0f}; max {max(r.stats.hb_ms or [0]):.0f}",
                   flush=True)
+            print(f"  generator: CPU % of a core {' / '.join(f'{c:.0f}' for c in r.gen_cpu_pct)}, loop lag p99 ms "
+                  f"{' / '.join(f'{v:.0f}' for v in r.gen_lag_p99)} (main process first, then each worker); "
+                  f"stops unasked {r.stats.stops_unasked}", flush=True)
             if r.redis_slow:
                 print("  redis commands over 5 ms: " + ", ".join(f"{c} {ms:.0f} ms" for ms, c in r.redis_slow),
                       flush=True)
+            for line in r.probe:
+                print("  " + line, flush=True)
             if r.note:
                 print("  note: " + r.note, flush=True)
     print()
@@ -757,7 +637,8 @@ async def main(argv: Sequence[str]) -> int:
           "runnable but waited for a core (others' load); machine % = busy share of all cores; "
           "cmd = Redis commands (Lua-internal included), lua = script calls; hb/seat/end are medians of "
           "isolated operations in a quiet window; bg = commands/s with no traffic; gen = this load generator (its "
-          "loop lag is included in every latency it measures)")
+          "loop lag is included in every latency it measures; gen CPU = main process + each worker, "
+          "gen lag p99 = the worst of the generator's processes)")
     return 0
 
 
