@@ -23,7 +23,7 @@ API_PREFIX: Final = "/api/v1"
 # data channels).  Raised by one for every change a client can observe, compatible additions
 # included; docs/protocol.md's change log says what changed and whether it breaks old clients.
 # tests/web/test_protocol_doc.py checks that the document states this number.
-PROTOCOL_VERSION: Final = 3
+PROTOCOL_VERSION: Final = 4
 
 
 class SessionState(StrEnum):
@@ -130,6 +130,9 @@ class InputType(StrEnum):
     """Client -> node input messages (small JSON objects with a ``t`` field)."""
 
     POINTER_MOVE = "pm"  # {"t":"pm","x":0..1,"y":0..1} relative to the video
+    # {"t":"pr","dx":int,"dy":int}: relative motion in the viewer's mouse pixels (pointer lock),
+    # |dx|, |dy| <= POINTER_MAX_DELTA; the viewer sums movementX/Y and sends at most one per frame
+    POINTER_RELATIVE = "pr"
     POINTER_BUTTON = "pb"  # {"t":"pb","b":1..5,"d":true|false}  b = browser MouseEvent.button + 1
     WHEEL = "pw"  # {"t":"pw","dx":-10..10,"dy":-10..10} in notches
     KEY = "k"  # {"t":"k","c":"KeyA","d":true|false} KeyboardEvent.code
@@ -162,6 +165,7 @@ GAMEPAD_MAX_AXES: Final = 8
 GAMEPAD_MAX_BUTTONS: Final = 17
 GAMEPAD_MAX_INDEX: Final = 3
 POINTER_MAX_BUTTON: Final = 5
+POINTER_MAX_DELTA: Final = 4096  # px per "pr" message and axis; the viewer clamps, the node refuses more
 WHEEL_MAX_NOTCHES: Final = 10
 
 

@@ -11,7 +11,7 @@
 export const API_PREFIX = "/api/v1";
 
 // the client protocol version docs/protocol.md describes
-export const PROTOCOL_VERSION = 3;
+export const PROTOCOL_VERSION = 4;
 
 // ---- session lifecycle --------------------------------------------------------------
 
@@ -103,6 +103,7 @@ export const PROBE_CHANNEL_LABEL = "probe";
 
 export const InputType = Object.freeze({
   "POINTER_MOVE": "pm",
+  "POINTER_RELATIVE": "pr",
   "POINTER_BUTTON": "pb",
   "WHEEL": "pw",
   "KEY": "k",
@@ -127,6 +128,7 @@ export const GAMEPAD_MAX_AXES = 8;
 export const GAMEPAD_MAX_BUTTONS = 17;
 export const GAMEPAD_MAX_INDEX = 3;
 export const POINTER_MAX_BUTTON = 5;
+export const POINTER_MAX_DELTA = 4096;
 export const WHEEL_MAX_NOTCHES = 10;
 
 // ---- broker <-> node and event stream ----------------------------------------------------
