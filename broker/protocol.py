@@ -160,6 +160,15 @@ class NodeEventType(StrEnum):
     PROBE = "probe"
 
 
+class ControlScheme(StrEnum):
+    """``controls`` of a ``stats`` message: what the session's input does, for the viewer to show.
+
+    Absent or null: a desktop or an application the node knows nothing about (show nothing extra).
+    """
+
+    BUILTIN_GAME = "builtin_game"  # arrows/WASD/gamepad move, the mouse aims (pointer lock), left click shoots
+
+
 CLIPBOARD_MAX_CHARS: Final = 65_536
 GAMEPAD_MAX_AXES: Final = 8
 GAMEPAD_MAX_BUTTONS: Final = 17
@@ -198,6 +207,7 @@ def all_constants() -> dict[str, dict[str, str]]:
         SignalError,
         InputType,
         NodeEventType,
+        ControlScheme,
         NodeCommand,
         EventType,
     ]

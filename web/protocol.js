@@ -123,6 +123,11 @@ export const NodeEventType = Object.freeze({
   "PROBE": "probe"
 });
 
+// `controls` of a stats message: what the session's input does (null: nothing to show)
+export const ControlScheme = Object.freeze({
+  "BUILTIN_GAME": "builtin_game"
+});
+
 export const CLIPBOARD_MAX_CHARS = 65536;
 export const GAMEPAD_MAX_AXES = 8;
 export const GAMEPAD_MAX_BUTTONS = 17;
