@@ -20,6 +20,7 @@ import { $, ApiError, api, el, fmtDuration, problemText, render, sleep, tokenSto
 import { hideWarning, showProblem, showWarning, toast } from "./ui.js";
 import { PROFILE_LIMITS, estimateWaitS, evenSize } from "./calc.js";
 import { InputController } from "./input.js";
+import { showControls } from "./controls.js";
 import { PeerLink } from "./peer.js";
 import { FrameStamps, readStats, renderStats } from "./stats.js";
 
@@ -220,6 +221,7 @@ function follow(view) {
   if (!previous || previous.id !== view.id) {
     app.queue = null;
     app.firstFrame = false;
+    showControls($("#controls"), null); // until this session's node says what its controls are
     openEvents(view);
   }
   $("#toolbar-pool").textContent = view.pool;
@@ -458,6 +460,7 @@ function onNodeEvent(data) {
       break;
     case NodeEventType.STATS:
       app.nodeStats = msg;
+      showControls($("#controls"), msg.controls);
       // the node's own share of the jitter we measure: no reason for a buffer here (playout.js)
       if (app.link && app.link.playout && Number.isFinite(msg.send_jitter_ms)) {
         app.link.playout.nodeJitterMs = msg.send_jitter_ms;
