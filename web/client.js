@@ -21,6 +21,7 @@ import { hideWarning, showProblem, showWarning, toast } from "./ui.js";
 import { PROFILE_LIMITS, estimateWaitS, evenSize } from "./calc.js";
 import { InputController } from "./input.js";
 import { showControls } from "./controls.js";
+import { TouchController } from "./touch.js";
 import { PeerLink } from "./peer.js";
 import { FrameStamps, readStats, renderStats } from "./stats.js";
 
@@ -95,6 +96,9 @@ const input = new InputController({
   toggleStats: () => toggleStats(),
   streaming: () => app.view === "stream",
   hint: (text) => hint(text),
+});
+const touch = new TouchController({
+  video, send: input.o.send, active: input.o.active, keyboardButton: $("#btn-keyboard"), keyboardInput: $("#osk"),
 });
 const stamps = new FrameStamps(video, () => app.view === "stream");
 
@@ -655,6 +659,7 @@ function wire() {
   $("#ended-again").addEventListener("click", () => { hideWarning(); setSession(null); showPools(); });
   $("#banner-close").addEventListener("click", hideWarning);
   input.attach();
+  touch.attach();
   stamps.start();
   setInterval(tick, TICK_MS);
 }
