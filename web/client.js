@@ -21,7 +21,7 @@ import { hideWarning, showProblem, showWarning, toast } from "./ui.js";
 import { PROFILE_LIMITS, estimateWaitS, evenSize } from "./calc.js";
 import { InputController } from "./input.js";
 import { showControls } from "./controls.js";
-import { TouchController } from "./touch.js";
+import { TouchController, touchPrimary } from "./touch.js";
 import { PeerLink } from "./peer.js";
 import { FrameStamps, readStats, renderStats } from "./stats.js";
 
@@ -464,7 +464,7 @@ function onNodeEvent(data) {
       break;
     case NodeEventType.STATS:
       app.nodeStats = msg;
-      showControls($("#controls"), msg.controls);
+      showControls($("#controls"), msg.controls, touchPrimary());
       // the node's own share of the jitter we measure: no reason for a buffer here (playout.js)
       if (app.link && app.link.playout && Number.isFinite(msg.send_jitter_ms)) {
         app.link.playout.nodeJitterMs = msg.send_jitter_ms;

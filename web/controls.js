@@ -7,20 +7,24 @@
 
 import { ControlScheme } from "./protocol.js";
 
-/** One line per known scheme (tests/web/test_client_game_input.py reads it in the page). */
+/** Per known scheme, one line for a mouse and keyboard and one for a touch screen (web/touch.js gestures). */
 export const CONTROLS_TEXT = Object.freeze({
-  [ControlScheme.BUILTIN_GAME]: "Arrows/WASD move · mouse aims · click shoots · Esc releases the mouse",
+  [ControlScheme.BUILTIN_GAME]: Object.freeze({
+    mouse: "Arrows/WASD move · mouse aims · click shoots · Esc releases the mouse",
+    touch: "Tap to aim and shoot · drag to sweep the aim",
+  }),
 });
 
-/** The line for a scheme, or "" (unknown scheme, null, missing). */
-export function controlsText(scheme) {
-  return (typeof scheme === "string" && Object.hasOwn(CONTROLS_TEXT, scheme)) ? CONTROLS_TEXT[scheme] : "";
+/** The line for a scheme ("touch": the touch-screen line), or "" (unknown scheme, null, missing). */
+export function controlsText(scheme, touch = false) {
+  if (typeof scheme !== "string" || !Object.hasOwn(CONTROLS_TEXT, scheme)) return "";
+  return CONTROLS_TEXT[scheme][touch ? "touch" : "mouse"];
 }
 
 /** Show (or hide, for "") the controls line in element `el`; only touches the DOM on change. */
-export function showControls(el, scheme) {
+export function showControls(el, scheme, touch = false) {
   if (!el) return;
-  const text = controlsText(scheme);
+  const text = controlsText(scheme, touch);
   if (el.textContent !== text) el.textContent = text;
   el.hidden = !text;
 }

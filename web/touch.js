@@ -47,9 +47,14 @@ export function keyForChar(ch) {
   return null;
 }
 
-/** True where touch input is likely (a touch screen or a coarse pointer). */
+/** True where the primary pointer is a finger (phones, tablets; not a laptop that also has a touch screen). */
+export function touchPrimary() {
+  return Boolean(window.matchMedia && window.matchMedia("(pointer: coarse)").matches);
+}
+
+/** True where touch input is possible at all (a touch screen anywhere, or a coarse primary pointer). */
 export function touchCapable() {
-  return (navigator.maxTouchPoints || 0) > 0 || (window.matchMedia && window.matchMedia("(pointer: coarse)").matches);
+  return (navigator.maxTouchPoints || 0) > 0 || touchPrimary();
 }
 
 export class TouchController {

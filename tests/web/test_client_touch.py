@@ -77,6 +77,7 @@ async def test_touch_taps_drags_scrolls_types_and_the_toolbar_never_covers_the_s
             # layout: the toolbar is above the picture, every control fits the screen, nothing overlaps
             await page.locator("#btn-keyboard").wait_for(state="visible")
             await page.locator("#controls").wait_for(state="visible")  # the game's controls line, in the toolbar
+            assert await page.inner_text("#controls") == "Tap to aim and shoot · drag to sweep the aim"
             picture = await page.evaluate(PICTURE_JS)
             toolbar = await page.locator(".toolbar").bounding_box()
             assert toolbar is not None and not _overlap(toolbar, picture), (toolbar, picture)

@@ -36,7 +36,9 @@ def test_every_printable_ascii_character_types_with_a_key_the_node_knows() -> No
 def test_every_control_scheme_has_a_line_and_unknown_ones_show_nothing() -> None:
     schemes = [s.value for s in ControlScheme]
     r = run({"known": f"{json.dumps(schemes)}.map((s) => c.controlsText(s))",
+             "touch": f"{json.dumps(schemes)}.map((s) => c.controlsText(s, true))",
              "unknown": "[c.controlsText(null), c.controlsText(undefined), c.controlsText('nope'),"
                         " c.controlsText('toString'), c.controlsText(3)]"}, WEB / "controls.js")
-    assert all(r["known"]) and r["unknown"] == ["", "", "", "", ""]
+    assert all(r["known"]) and all(r["touch"]) and r["unknown"] == ["", "", "", "", ""]
+    assert r["touch"] != r["known"]
     assert r["known"][schemes.index("builtin_game")].startswith("Arrows/WASD move")
