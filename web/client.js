@@ -21,7 +21,7 @@ import { hideWarning, showProblem, showWarning, toast } from "./ui.js";
 import { PROFILE_LIMITS, estimateWaitS, evenSize } from "./calc.js";
 import { InputController } from "./input.js";
 import { showControls } from "./controls.js";
-import { TouchController, touchPrimary } from "./touch.js";
+import { TOUCH_HINT, TouchController, touchPrimary } from "./touch.js";
 import { PeerLink } from "./peer.js";
 import { FrameStamps, readStats, renderStats } from "./stats.js";
 
@@ -416,6 +416,7 @@ function watchFirstFrame() {
     video.focus({ preventScroll: true });
     hint(app.pool && app.pool.kind === PoolKind.GAME ? "Click the video to capture the mouse · Esc releases it · F8 shows stats"
       : "F8 shows stats · paste with Ctrl+V sends your clipboard");
+    if (touchPrimary()) hint(TOUCH_HINT); // a phone or tablet: no mouse, no F8
     input.sendResize();
   };
   if ("requestVideoFrameCallback" in video) video.requestVideoFrameCallback(onFrame);

@@ -21,6 +21,7 @@
 import { InputType, WHEEL_MAX_NOTCHES } from "./protocol.js";
 import { clamp, contentRect, relativePoint } from "./calc.js";
 
+export const TOUCH_HINT = "Tap clicks · drag holds the button · two fingers scroll · Keyboard types";
 export const TAP_SLOP_PX = 10; // finger travel (CSS px) under which a touch is a tap
 export const TOUCH_PX_PER_NOTCH = 40; // two-finger travel per wheel notch
 const MIN_NOTCHES = 0.25; // the smallest wheel message a two-finger drag sends

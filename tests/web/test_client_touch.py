@@ -76,6 +76,8 @@ async def test_touch_taps_drags_scrolls_types_and_the_toolbar_never_covers_the_s
 
             # layout: the toolbar is above the picture, every control fits the screen, nothing overlaps
             await page.locator("#btn-keyboard").wait_for(state="visible")
+            hint = await page.inner_text("#hint")
+            assert hint == "Tap clicks · drag holds the button · two fingers scroll · Keyboard types"
             await page.locator("#controls").wait_for(state="visible")  # the game's controls line, in the toolbar
             assert await page.inner_text("#controls") == "Tap to aim and shoot · drag to sweep the aim"
             picture = await page.evaluate(PICTURE_JS)
