@@ -135,6 +135,9 @@ class InputType(StrEnum):
     """Client -> node input messages (small JSON objects with a ``t`` field)."""
 
     POINTER_MOVE = "pm"  # {"t":"pm","x":0..1,"y":0..1} relative to the video
+    # {"t":"pr","dx":int,"dy":int}: relative motion in the viewer's mouse pixels (pointer lock),
+    # |dx|, |dy| <= POINTER_MAX_DELTA; the viewer sums movementX/Y and sends at most one per frame
+    POINTER_RELATIVE = "pr"
     POINTER_BUTTON = "pb"  # {"t":"pb","b":1..5,"d":true|false}  b = browser MouseEvent.button + 1
     WHEEL = "pw"  # {"t":"pw","dx":-10..10,"dy":-10..10} in notches
     KEY = "k"  # {"t":"k","c":"KeyA","d":true|false} KeyboardEvent.code
@@ -162,11 +165,21 @@ class NodeEventType(StrEnum):
     PROBE = "probe"
 
 
+class ControlScheme(StrEnum):
+    """``controls`` of a ``stats`` message: what the session's input does, for the viewer to show.
+
+    Absent or null: a desktop or an application the node knows nothing about (show nothing extra).
+    """
+
+    BUILTIN_GAME = "builtin_game"  # arrows/WASD/gamepad move, the mouse aims (pointer lock), left click shoots
+
+
 CLIPBOARD_MAX_CHARS: Final = 65_536
 GAMEPAD_MAX_AXES: Final = 8
 GAMEPAD_MAX_BUTTONS: Final = 17
 GAMEPAD_MAX_INDEX: Final = 3
 POINTER_MAX_BUTTON: Final = 5
+POINTER_MAX_DELTA: Final = 4096  # px per "pr" message and axis; the viewer clamps, the node refuses more
 WHEEL_MAX_NOTCHES: Final = 10
 
 
@@ -199,6 +212,7 @@ def all_constants() -> dict[str, dict[str, str]]:
         SignalError,
         InputType,
         NodeEventType,
+        ControlScheme,
         NodeCommand,
         EventType,
     ]

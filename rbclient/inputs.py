@@ -3,7 +3,8 @@
 Job: one function per ``broker.protocol.InputType`` that returns the JSON object the node
 accepts (docs/protocol.md, "Input messages"), refusing out-of-range values with ``ValueError``
 before they reach the wire (the node would drop them silently), and ``Pointer``, which turns
-relative mouse motion (a grabbed pointer) into the absolute positions the protocol carries.
+relative mouse motion (a grabbed pointer) into absolute positions for viewers that keep one
+(``pointer_relative`` sends the motion itself, protocol version 4).
 
 Pure: no I/O, no clock.  Invariant: every message returned passes the node's parser.
 """
@@ -20,6 +21,7 @@ from broker.protocol import (
     GAMEPAD_MAX_BUTTONS,
     GAMEPAD_MAX_INDEX,
     POINTER_MAX_BUTTON,
+    POINTER_MAX_DELTA,
     WHEEL_MAX_NOTCHES,
     InputType,
 )
@@ -53,6 +55,12 @@ def key(code: str, down: bool) -> Message:
 def pointer_move(x: float, y: float) -> Message:
     """``{"t":"pm"}``: the absolute pointer position in the picture, 0..1 each (0,0 top left)."""
     return {"t": InputType.POINTER_MOVE.value, "x": _number("x", x, 0, 1), "y": _number("y", y, 0, 1)}
+
+
+def pointer_relative(dx: int, dy: int) -> Message:
+    """``{"t":"pr"}``: relative motion in mouse pixels (+dx right, +dy down), each within ``POINTER_MAX_DELTA``."""
+    n = POINTER_MAX_DELTA
+    return {"t": InputType.POINTER_RELATIVE.value, "dx": _integer("dx", dx, -n, n), "dy": _integer("dy", dy, -n, n)}
 
 
 def pointer_button(button: int, down: bool) -> Message:
@@ -92,8 +100,8 @@ def ping(ping_id: int, ts_ms: float) -> Message:
 class Pointer:
     """Relative mouse motion (pixels of the picture) integrated into the protocol's absolute position.
 
-    The protocol has no relative motion (docs/protocol.md): like the web client under pointer
-    lock, the viewer keeps the position and moves it by each delta, clamped to the picture.
+    For a viewer that tracks an absolute position under a grab: it keeps the position and moves
+    it by each delta, clamped to the picture.  A game that wants raw motion gets ``pointer_relative``.
     """
 
     def __init__(self, width: int, height: int, x: float = 0.5, y: float = 0.5) -> None:

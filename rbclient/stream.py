@@ -338,6 +338,10 @@ class Stream:
         """Relative motion in picture pixels (a grabbed pointer), integrated into the absolute position."""
         return self.send(self.pointer.move_by(dx_px, dy_px))
 
+    def pointer_relative(self, dx: int, dy: int) -> bool:
+        """Relative motion in mouse pixels (``pr``): the X pointer or the game's crosshair moves by it."""
+        return self.send(inputs.pointer_relative(dx, dy))
+
     def pointer_button(self, button: int, down: bool) -> bool:
         return self.send(inputs.pointer_button(button, down))
 

@@ -26,6 +26,8 @@ import { RemoteClipboard } from "./clipboard.js";
 import { ResizeFollower } from "./resize.js";
 import { SoundControls } from "./sound.js";
 import { TabGate, leaveOnPagehide, tabId, tabSignalUrl } from "./tabs.js";
+import { showControls } from "./controls.js";
+import { TOUCH_HINT, TouchController, touchPrimary } from "./touch.js";
 import { PeerLink } from "./peer.js";
 import { FrameStamps, readStats, renderStats } from "./stats.js";
 
@@ -114,6 +116,9 @@ const TAB = tabId();
 const tabGate = new TabGate($("#elsewhere"), () => { if (app.session) connect({ takeover: true }); });
 leaveOnPagehide(() => (app.session && app.token && !tabGate.state && !app.ending
   && SEATED_STATES.includes(app.session.state) ? { sessionId: app.session.id, token: app.token } : null), TAB);
+const touch = new TouchController({
+  video, send: input.o.send, active: input.o.active, keyboardButton: $("#btn-keyboard"), keyboardInput: $("#osk"),
+});
 const stamps = new FrameStamps(video, () => app.view === "stream");
 
 // =========================================================================================
@@ -239,6 +244,7 @@ function follow(view) {
   if (!previous || previous.id !== view.id) {
     app.queue = null;
     app.firstFrame = false;
+    showControls($("#controls"), null); // until this session's node says what its controls are
     openEvents(view);
   }
   $("#toolbar-pool").textContent = view.pool;
@@ -437,6 +443,7 @@ function watchFirstFrame() {
     video.focus({ preventScroll: true });
     hint(app.pool && app.pool.kind === PoolKind.GAME ? "Click the video to capture the mouse · Esc releases it · F8 shows stats"
       : "F8 shows stats · paste with Ctrl+V sends your clipboard");
+    if (touchPrimary()) hint(TOUCH_HINT); // a phone or tablet: no mouse, no F8
     resizer.send();
   };
   if ("requestVideoFrameCallback" in video) video.requestVideoFrameCallback(onFrame);
@@ -482,6 +489,7 @@ function onNodeEvent(data) {
       break;
     case NodeEventType.STATS:
       app.nodeStats = msg;
+      showControls($("#controls"), msg.controls, touchPrimary());
       // the node's own share of the jitter we measure: no reason for a buffer here (playout.js)
       if (app.link && app.link.playout && Number.isFinite(msg.send_jitter_ms)) {
         app.link.playout.nodeJitterMs = msg.send_jitter_ms;
@@ -679,6 +687,7 @@ function wire() {
   $("#banner-close").addEventListener("click", hideWarning);
   input.attach();
   resizer.attach();
+  touch.attach();
   stamps.start();
   setInterval(tick, TICK_MS);
 }

@@ -1,5 +1,6 @@
 // Viewer input -> data-channel messages (broker/protocol.py InputType): keyboard by
 // KeyboardEvent.code, pointer as 0..1 coordinates of the video picture (letterboxing respected),
+// relative motion while the pointer is locked ("pr": movementX/Y summed per animation frame),
 // buttons, wheel notches, gamepads (polled, sent on change), clipboard paste, viewport resize.
 //
 // One InputController per page.  It never talks to the network itself: `send(msg)` (false when the
@@ -8,10 +9,12 @@
 //
 // Latency: pointer moves are coalesced to one message per animation frame and skipped while the
 // channel has a backlog (never keys or buttons: those are state changes and must all arrive).
+// Relative motion is summed, never dropped: a backlog only makes the next "pr" carry more.
 // Invariant: every key or button reported down is reported up, also on blur, hidden tab or teardown.
 
 import {
   CLIPBOARD_MAX_CHARS, GAMEPAD_MAX_AXES, GAMEPAD_MAX_BUTTONS, GAMEPAD_MAX_INDEX, InputType, POINTER_MAX_BUTTON,
+  POINTER_MAX_DELTA,
 } from "./protocol.js";
 import { clamp, contentRect, relativePoint, wheelNotches } from "./calc.js";
 
@@ -19,7 +22,6 @@ const MOVE_BACKLOG_BYTES = 8 * 1024; // skip pointer moves while this much input
 const PASTE_KEY_WAIT_MS = 150; // hold Ctrl+V's key-down until the clipboard text went first
 
 const round3 = (v) => Math.round(v * 1000) / 1000;
-const round5 = (v) => Math.round(v * 1e5) / 1e5;
 
 function isEditable(t) {
   return t instanceof HTMLElement && (t.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(t.tagName));
@@ -57,7 +59,7 @@ export class InputController {
     this.pendingPaste = null; // {code, timer}
     this.pendingMove = null;
     this.lastMove = null;
-    this.locked = { x: 0.5, y: 0.5 }; // virtual pointer while the pointer is locked
+    this.rel = { dx: 0, dy: 0 }; // relative motion summed since the last "pr" (fractions carry over)
     this.pads = new Map(); // gamepad index -> last message sent (JSON)
   }
 
@@ -67,7 +69,8 @@ export class InputController {
     document.addEventListener("keydown", (e) => this.onKeyDown(e), { capture: true });
     document.addEventListener("keyup", (e) => this.onKeyUp(e), { capture: true });
     document.addEventListener("paste", (e) => this.onPaste(e));
-    v.addEventListener("mousemove", (e) => this.onMouseMove(e));
+    // locked, the events target the video and bubble to the document: take each one once
+    v.addEventListener("mousemove", (e) => { if (document.pointerLockElement !== v) this.onMouseMove(e); });
     document.addEventListener("mousemove", (e) => { if (document.pointerLockElement === v) this.onMouseMove(e); });
     v.addEventListener("mousedown", (e) => this.onMouseDown(e));
     window.addEventListener("mouseup", (e) => this.onMouseUp(e));
@@ -76,10 +79,13 @@ export class InputController {
     window.addEventListener("blur", () => this.releaseAll());
     document.addEventListener("visibilitychange", () => { if (document.hidden) this.releaseAll(); });
     document.addEventListener("pointerlockchange", () => {
-      document.body.classList.toggle("pointer-locked", document.pointerLockElement === v);
+      const locked = document.pointerLockElement === v;
+      document.body.classList.toggle("pointer-locked", locked);
+      if (!locked) { this.flushRelative(); this.rel = { dx: 0, dy: 0 }; }
     });
     window.addEventListener("gamepaddisconnected", (e) => this.onGamepadDisconnected(e));
     const frame = () => {
+      this.flushRelative();
       this.flushMove();
       this.pollGamepads();
       requestAnimationFrame(frame);
@@ -91,6 +97,7 @@ export class InputController {
   channelOpened() {
     this.pads.clear();
     this.lastMove = null;
+    this.rel = { dx: 0, dy: 0 }; // motion made while no channel was open is not replayed
   }
 
   /** Release every key and button reported down (focus loss must not leave input stuck remotely). */
@@ -156,20 +163,27 @@ export class InputController {
   pointerPos(e) {
     const v = this.o.video;
     const r = contentRect(v.getBoundingClientRect(), v.videoWidth, v.videoHeight);
-    if (!r) return null;
-    if (document.pointerLockElement === v) {
-      // the protocol carries absolute positions: integrate the locked pointer's movement
-      this.locked.x = clamp(this.locked.x + e.movementX / r.width, 0, 1);
-      this.locked.y = clamp(this.locked.y + e.movementY / r.height, 0, 1);
-      return { x: round5(this.locked.x), y: round5(this.locked.y) };
-    }
-    return relativePoint(r, e.clientX, e.clientY);
+    return r ? relativePoint(r, e.clientX, e.clientY) : null;
   }
 
   onMouseMove(e) {
     if (!this.o.active()) return;
+    if (document.pointerLockElement === this.o.video) {
+      // locked: no position, only movement; summed here, sent once per animation frame as "pr"
+      this.rel.dx += e.movementX || 0;
+      this.rel.dy += e.movementY || 0;
+      return;
+    }
     const p = this.pointerPos(e);
     if (p) this.pendingMove = p;
+  }
+
+  /** Send the whole pixels of the summed relative motion as one "pr"; the fractions wait for more. */
+  flushRelative() {
+    const dx = clamp(Math.trunc(this.rel.dx), -POINTER_MAX_DELTA, POINTER_MAX_DELTA);
+    const dy = clamp(Math.trunc(this.rel.dy), -POINTER_MAX_DELTA, POINTER_MAX_DELTA);
+    if ((!dx && !dy) || !this.o.active()) return;
+    if (this.o.send({ t: InputType.POINTER_RELATIVE, dx, dy })) { this.rel.dx -= dx; this.rel.dy -= dy; }
   }
 
   flushMove() {
@@ -188,15 +202,16 @@ export class InputController {
     const v = this.o.video;
     v.focus({ preventScroll: true });
     e.preventDefault();
-    if (this.o.gameMode() && document.pointerLockElement !== v) {
-      const p = this.pointerPos(e);
-      if (p) { this.locked.x = p.x; this.locked.y = p.y; }
-      this.requestLock();
-    }
+    const locked = document.pointerLockElement === v;
+    if (this.o.gameMode() && !locked) this.requestLock();
     const b = e.button + 1;
     if (b < 1 || b > POINTER_MAX_BUTTON) return;
-    const p = this.pointerPos(e);
-    if (p) { this.pendingMove = p; this.flushMove(); } // the click lands where the pointer is now
+    if (locked) {
+      this.flushRelative(); // the click lands after the motion made before it
+    } else {
+      const p = this.pointerPos(e);
+      if (p) { this.pendingMove = p; this.flushMove(); } // the click lands where the pointer is now
+    }
     this.buttons.add(b);
     this.o.send({ t: InputType.POINTER_BUTTON, b, d: true });
   }

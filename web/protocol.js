@@ -105,6 +105,7 @@ export const PROBE_CHANNEL_LABEL = "probe";
 
 export const InputType = Object.freeze({
   "POINTER_MOVE": "pm",
+  "POINTER_RELATIVE": "pr",
   "POINTER_BUTTON": "pb",
   "WHEEL": "pw",
   "KEY": "k",
@@ -124,11 +125,17 @@ export const NodeEventType = Object.freeze({
   "PROBE": "probe"
 });
 
+// `controls` of a stats message: what the session's input does (null: nothing to show)
+export const ControlScheme = Object.freeze({
+  "BUILTIN_GAME": "builtin_game"
+});
+
 export const CLIPBOARD_MAX_CHARS = 65536;
 export const GAMEPAD_MAX_AXES = 8;
 export const GAMEPAD_MAX_BUTTONS = 17;
 export const GAMEPAD_MAX_INDEX = 3;
 export const POINTER_MAX_BUTTON = 5;
+export const POINTER_MAX_DELTA = 4096;
 export const WHEEL_MAX_NOTCHES = 10;
 
 // ---- broker <-> node and event stream ----------------------------------------------------

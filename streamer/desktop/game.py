@@ -14,6 +14,13 @@ colour nothing else in the scene uses, so ``find_player`` locates it in a
 decoded frame.  When the player starts touching an enemy, ``on_sound`` (if set) gets a "hit"
 ``streamer.desktop.gamesound.SoundEvent`` at that frame's render clock.
 
+The mouse aims: a crosshair (a plus sign in ``CROSSHAIR_BGR``, also a colour
+nothing else uses, so ``find_crosshair`` locates it) follows relative motion
+(``PointerRelative``, pointer lock: one mouse pixel is ``AIM_PX_PER_MOUSE_PX``
+frame pixels) and jumps to absolute positions (``PointerMove``); it stays
+inside the play area.  A left-button press fires a shot: the crosshair's
+centre is filled for ``SHOT_MS`` ms and ``on_sound`` gets a "shot".
+
 Layout (all relative to the frame *width*, so a stamp survives scaling by the
 encoder ladder): ``STAMP_COLUMNS`` cells per row, square cells of
 ``width / STAMP_COLUMNS`` pixels (16 px at 640 wide), ``STAMP_ROWS`` rows.
@@ -29,9 +36,10 @@ does) before rendering again.  A ``Scene`` is immutable and may go anywhere.
 Invariants: ``scene`` and ``render`` never read a clock (time comes in as
 ``now_ms``); rendering never loops over pixels in Python and reuses its
 buffers; the strip holds only pure black and white; the player colour (pure
-green) appears nowhere else; the scene (player, enemies) never overlaps the
-strip, so the strip is drawn last and the draw order elsewhere is background,
-enemies, player.
+green) and the crosshair colour (pure magenta) appear nowhere else; the scene
+(player, enemies, crosshair) never overlaps the strip, so the strip is drawn
+last and the draw order elsewhere is background, enemies, crosshair, player
+(the player is drawn whole over the aim, so ``find_player`` is undisturbed).
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamer.desktop.gamesound import SoundEvent
-from streamer.desktop.inputs import Gamepad, InputEvent, Key
+from streamer.desktop.inputs import Gamepad, InputEvent, Key, PointerButton, PointerMove, PointerRelative
 
 STAMP_COLUMNS: Final = 40  # cells per row: 16 px cells at 640 px wide
 STAMP_ROWS: Final = 3
@@ -58,6 +66,10 @@ _STAMP_BITS: Final = 8 + FRAME_NO_BITS + TS_BITS + 16 + 16  # == STAMP_COLUMNS *
 
 PLAYER_BGR: Final = (0, 255, 0)  # pure green: unique in the scene
 ENEMY_BGR: Final = (40, 40, 220)
+CROSSHAIR_BGR: Final = (255, 0, 255)  # pure magenta: unique in the scene
+AIM_PX_PER_MOUSE_PX: Final = 1.0  # crosshair travel (frame px) per px of relative mouse motion
+SHOT_MS: Final = 150  # how long a shot fills the crosshair's centre
+CROSSHAIR_RECTS: Final = 3  # horizontal bar, vertical bar, shot box (empty when no shot shows)
 PLAYER_SPEED_PER_S: Final = 0.6  # play-area heights per second at full deflection
 GAMEPAD_DEADZONE: Final = 0.2  # stick travel (0..1) ignored around the centre
 MAX_STEP_MS: Final = 100  # a longer gap between renders moves the player at most this much
@@ -79,6 +91,7 @@ def _pixel(b: int, g: int, r: int) -> np.uint32:
 
 _PLAYER_PIXEL: Final = _pixel(*PLAYER_BGR)
 _ENEMY_PIXEL: Final = _pixel(*ENEMY_BGR)
+_CROSSHAIR_PIXEL: Final = _pixel(*CROSSHAIR_BGR)
 _WHITE_PIXEL: Final = _pixel(255, 255, 255)
 _BLACK_PIXEL: Final = _pixel(0, 0, 0)
 
@@ -206,6 +219,30 @@ def find_player(image: npt.NDArray[np.uint8]) -> tuple[float, float] | None:
     return float(xs.mean()), float(ys.mean())
 
 
+def find_crosshair(image: npt.NDArray[np.uint8]) -> tuple[float, float] | None:
+    """Centre (x, y) in pixels of the crosshair in a decoded BGR/BGRA frame, or None.
+
+    Matches strongly magenta pixels (B and R high, G low), then takes the columns of the
+    vertical bar and the rows of the horizontal bar (those holding at least 40 % of the
+    busiest one's pixels), weighted by their pixels.  The player is drawn over the crosshair
+    and may hide part of an arm; the bars' own columns and rows still dominate, so a player
+    over one arm does not pull the centre towards the other.
+    """
+    if image.ndim != 3 or image.shape[2] < 3:
+        return None
+    b, g, r = image[..., 0], image[..., 1], image[..., 2]
+    mask = (b > 150) & (r > 150) & (g < 110)
+    if int(mask.sum()) < 16:
+        return None
+
+    def centre(counts: npt.NDArray[np.int64]) -> float:
+        index = np.nonzero(counts >= 0.4 * counts.max())[0]
+        weights = counts[index]
+        return float((index * weights).sum() / weights.sum())
+
+    return centre(mask.sum(axis=0)), centre(mask.sum(axis=1))
+
+
 def make_background(width: int, height: int) -> npt.NDArray[np.uint32]:
     """Dark, low-saturation diagonal bands (no green dominance, no pure black or white).
 
@@ -250,7 +287,7 @@ class Scene:
     below it, pixel ``(x, y)`` of the background is column ``x + background_offset``,
     row ``y - stamp_height(width)`` of ``make_background(width + BACKGROUND_PERIOD_PX,
     height - stamp_height(width))``; enemies are drawn over it in ``ENEMY_BGR``, the
-    player over them in ``PLAYER_BGR``.
+    ``crosshair`` rectangles over them in ``CROSSHAIR_BGR``, the player over all in ``PLAYER_BGR``.
     """
 
     width: int
@@ -261,6 +298,8 @@ class Scene:
     enemies: tuple[Rect, ...]
     player: Rect
     stamp: int  # stamp_word(frame_no, ts_ms): cell (row, col) is bit 119 - (row * STAMP_COLUMNS + col)
+    # CROSSHAIR_RECTS boxes: horizontal bar, vertical bar, shot box (w = h = 0 when no shot shows)
+    crosshair: tuple[Rect, ...] = ()
 
     @property
     def play_top(self) -> int:
@@ -318,6 +357,8 @@ class CpuGameRenderer:
         pixels[top:] = self._background[:, off : off + self._width]
         for e in scene.enemies:
             pixels[e.y : e.y + e.h, e.x : e.x + e.w] = _ENEMY_PIXEL
+        for c in scene.crosshair:
+            pixels[c.y : c.y + c.h, c.x : c.x + c.w] = _CROSSHAIR_PIXEL
         p = scene.player
         pixels[p.y : p.y + p.h, p.x : p.x + p.w] = _PLAYER_PIXEL
         cells = np.where(_word_cells(scene.stamp) != 0, _WHITE_PIXEL, _BLACK_PIXEL)
@@ -343,12 +384,16 @@ class Game:
         self._last_ms: int | None = None
         self._cpu: CpuGameRenderer | None = None
         self._touching: frozenset[int] = frozenset()  # enemies the player overlaps now
+        self._shot_pending = False  # a left press since the last scene
+        self._shot_until_ms: int | None = None  # render clock until which the shot box shows
+        self.shots = 0  # left presses taken
         # Called (on the frame thread) with each sound the game makes: a "hit" when the player starts
         # touching an enemy.  None: silent.
         self.on_sound: Callable[[SoundEvent], None] | None = None
         self._setup(width, height)
         self._px = (width - self._player_side) / 2.0  # top-left corner, pixels
         self._py = self._play_top + (self._play_h - self._player_side) / 2.0
+        self._aim_x, self._aim_y = width / 2.0, self._play_top + self._play_h / 2.0  # crosshair centre
 
     def _setup(self, width: int, height: int) -> None:
         check_frame_size(width, height)
@@ -358,6 +403,9 @@ class Game:
         self._play_h = height - self._play_top
         self._player_side = max(16, self._play_h // 10)
         self._enemy_side = max(12, self._play_h // 14)
+        self._arm = self._player_side  # crosshair half-length: reaches past the player's sides
+        self._bar = max(2, self._player_side // 10)  # half thickness
+        self._shot_half = max(2 * self._bar, self._arm // 3)
 
     @property
     def width(self) -> int:
@@ -376,13 +424,33 @@ class Game:
         """Change the frame size, keeping the player at the same relative position."""
         rel_x = self._px / max(self._width - self._player_side, 1)
         rel_y = (self._py - self._play_top) / max(self._play_h - self._player_side, 1)
+        aim_x, aim_y = self._aim_x / self._width, (self._aim_y - self._play_top) / self._play_h
         self._setup(width, height)
         self._px = rel_x * (width - self._player_side)
         self._py = self._play_top + rel_y * (self._play_h - self._player_side)
+        self._aim_to(aim_x * width, self._play_top + aim_y * self._play_h)
+
+    def _aim_to(self, x: float, y: float) -> None:
+        """Put the crosshair centre at ``(x, y)``, clamped so the whole crosshair stays in the play area."""
+        arm = self._arm
+        self._aim_x = min(max(x, float(arm)), float(self._width - arm))
+        self._aim_y = min(max(y, float(self._play_top + arm)), float(self._height - arm))
+
+    def aim_position(self) -> tuple[float, float]:
+        """Centre (x, y) of the crosshair in pixels of this game's frame."""
+        return self._aim_x, self._aim_y
 
     def apply(self, event: InputEvent) -> None:
         """Take one validated input event; events that do not steer the game are ignored."""
-        if isinstance(event, Key):
+        if isinstance(event, PointerRelative):
+            self._aim_to(self._aim_x + event.dx * AIM_PX_PER_MOUSE_PX, self._aim_y + event.dy * AIM_PX_PER_MOUSE_PX)
+        elif isinstance(event, PointerMove):
+            self._aim_to(event.x * self._width, event.y * self._height)
+        elif isinstance(event, PointerButton):
+            if event.button == 1 and event.down:
+                self._shot_pending = True
+                self.shots += 1
+        elif isinstance(event, Key):
             if event.code in _KEY_DIRECTIONS:
                 if event.down:
                     self._keys_held.add(event.code)
@@ -445,6 +513,11 @@ class Game:
             for _ in touching - self._touching:
                 self.on_sound(SoundEvent("hit", float(now_ms)))
         self._touching = touching
+        if self._shot_pending:
+            self._shot_pending = False
+            self._shot_until_ms = now_ms + SHOT_MS
+            if self.on_sound is not None:
+                self.on_sound(SoundEvent("shot", float(now_ms)))
         scene = Scene(
             width=w,
             height=self._height,
@@ -454,9 +527,18 @@ class Game:
             enemies=tuple(enemies),
             player=player,
             stamp=stamp_word(self._frame_no, now_ms),
+            crosshair=self._crosshair(now_ms),
         )
         self._frame_no = (self._frame_no + 1) & ((1 << FRAME_NO_BITS) - 1)
         return scene
+
+    def _crosshair(self, now_ms: int) -> tuple[Rect, ...]:
+        cx, cy, arm, bar = round(self._aim_x), round(self._aim_y), self._arm, self._bar
+        shot = Rect(0, 0, 0, 0)
+        if self._shot_until_ms is not None and now_ms < self._shot_until_ms:
+            half = self._shot_half
+            shot = Rect(cx - half, cy - half, 2 * half, 2 * half)
+        return Rect(cx - arm, cy - bar, 2 * arm, 2 * bar), Rect(cx - bar, cy - arm, 2 * bar, 2 * arm), shot
 
     def render(self, now_ms: int) -> Image:
         """Advance to ``now_ms`` (ms since the epoch) and draw the next frame with the numpy renderer.

@@ -8,10 +8,10 @@ sends as Opus.  ``SynthFramer`` is the track's source for a game session: one 20
 ``pop``, on a continuous timeline that starts at the wall clock of the first ``pop``.
 
 Sounds: a raised-cosine attack and release (no clicks) around a sine.  ``hit`` (the player touches an
-enemy) 660 Hz for 90 ms; ``beacon`` 1 kHz for 60 ms, emitted by the synth itself at every multiple of
-``beacon_period_ms`` of the render clock when that is set (benchmarks measure audio/video sync with
-it: a frame's stamp carries its render-clock instant, so the beep that starts at instant T and the
-frame stamped T left the game together).
+enemy) 660 Hz for 90 ms; ``shot`` (a left click) 1320 Hz for 40 ms; ``beacon`` 1 kHz for 60 ms,
+emitted by the synth itself at every multiple of ``beacon_period_ms`` of the render clock when
+that is set (benchmarks measure audio/video sync with it: a frame's stamp carries its render-clock
+instant, so the beep that starts at instant T and the frame stamped T left the game together).
 
 Timing: an event's sound starts at its ``at_ms`` when the window holding that instant has not been
 rendered yet.  An event that arrives after its window went out (the game's frame thread and the
@@ -53,6 +53,7 @@ class Voice:
 
 VOICES: Final[dict[str, Voice]] = {
     "hit": Voice(660.0, 90.0, 0.35),
+    "shot": Voice(1320.0, 40.0, 0.25),
     "beacon": Voice(1000.0, 60.0, 0.5),
 }
 

@@ -58,6 +58,8 @@ import numpy as np
 
 from streamer.desktop.game import (
     BACKGROUND_PERIOD_PX,
+    CROSSHAIR_BGR,
+    CROSSHAIR_RECTS,
     ENEMY_BGR,
     ENEMY_COUNT,
     PLAYER_BGR,
@@ -102,10 +104,12 @@ uniform uvec4 stamp;           // the stamp word, stamp[0] = its least significa
 uniform int play_top;          // first row below the strip
 uniform int bg_offset;         // px
 uniform ivec4 enemies[{ENEMY_COUNT}];     // x, y, w, h (rows from the top)
+uniform ivec4 crosshair[{CROSSHAIR_RECTS}];  // x, y, w, h; w = h = 0 draws nothing
 uniform ivec4 player;
 out vec4 color;                // written as (B, G, R, A): the texture's bytes are BGRA
 
 const vec4 ENEMY = vec4({ENEMY_BGR[0]}.0, {ENEMY_BGR[1]}.0, {ENEMY_BGR[2]}.0, 255.0) / 255.0;
+const vec4 CROSSHAIR = vec4({CROSSHAIR_BGR[0]}.0, {CROSSHAIR_BGR[1]}.0, {CROSSHAIR_BGR[2]}.0, 255.0) / 255.0;
 const vec4 PLAYER = vec4({PLAYER_BGR[0]}.0, {PLAYER_BGR[1]}.0, {PLAYER_BGR[2]}.0, 255.0) / 255.0;
 
 bool inside(ivec2 p, ivec4 r) {{
@@ -125,6 +129,9 @@ void main() {{
     color = texelFetch(background, ivec2(p.x + bg_offset, p.y - play_top), 0);
     for (int i = 0; i < {ENEMY_COUNT}; ++i) {{
         if (inside(p, enemies[i])) color = ENEMY;
+    }}
+    for (int i = 0; i < {CROSSHAIR_RECTS}; ++i) {{
+        if (inside(p, crosshair[i])) color = CROSSHAIR;
     }}
     if (inside(p, player)) color = PLAYER;
 }}
@@ -167,6 +174,7 @@ class GlGameRenderer:
                 self._uniform("cell_row").value = 2
                 self._u_stamp, self._u_offset = self._uniform("stamp"), self._uniform("bg_offset")
                 self._u_enemies, self._u_player = self._uniform("enemies"), self._uniform("player")
+                self._u_crosshair = self._uniform("crosshair")
                 self._sized: list[moderngl.Texture | moderngl.Framebuffer] = []
                 self._allocate(width, height)
         except Exception as exc:
@@ -295,6 +303,10 @@ class GlGameRenderer:
         self._u_offset.value = scene.background_offset
         self._u_enemies.value = [_rect(e) for e in scene.enemies]
         self._u_player.value = _rect(scene.player)
+        if len(scene.crosshair) > CROSSHAIR_RECTS:
+            raise ValueError(f"the shader draws {CROSSHAIR_RECTS} crosshair boxes, not {len(scene.crosshair)}")
+        boxes = [_rect(c) for c in scene.crosshair]
+        self._u_crosshair.value = boxes + [(0, 0, 0, 0)] * (CROSSHAIR_RECTS - len(boxes))  # w = h = 0: nothing
         self._bg_tex.use(0)
         self._col_tex.use(1)
         self._row_tex.use(2)

@@ -13,9 +13,10 @@ handler), never shared between threads.
 Invariants:
 - ``parse_input`` never raises: every malformed, unknown or out-of-range message
   becomes an ``InputError`` with a stable ``DropReason``.
-- Accepted values are within the protocol's limits (coordinates 0..1, buttons
-  1..POINTER_MAX_BUTTON, |wheel| <= WHEEL_MAX_NOTCHES, ...); numbers are finite;
-  booleans are JSON booleans, never 0/1.
+- Accepted values are within the protocol's limits (coordinates 0..1, relative
+  motion integers within POINTER_MAX_DELTA, buttons 1..POINTER_MAX_BUTTON,
+  |wheel| <= WHEEL_MAX_NOTCHES, ...); numbers are finite; booleans are JSON
+  booleans, never 0/1.
 - Unknown extra fields are ignored (adding a field is a compatible change).
 - The keysym values are X11's own numbers (``X11/keysymdef.h``); they are
   written out here so this module imports no X library.
@@ -38,6 +39,7 @@ from broker.protocol import (
     GAMEPAD_MAX_BUTTONS,
     GAMEPAD_MAX_INDEX,
     POINTER_MAX_BUTTON,
+    POINTER_MAX_DELTA,
     WHEEL_MAX_NOTCHES,
     InputType,
 )
@@ -78,6 +80,18 @@ class PointerMove:
     TYPE: ClassVar[InputType] = InputType.POINTER_MOVE
     x: float
     y: float
+
+
+@dataclass(frozen=True, slots=True)
+class PointerRelative:
+    """Relative pointer motion (pointer lock) in the viewer's mouse pixels: +dx right, +dy down.
+
+    Integers, each within -POINTER_MAX_DELTA..POINTER_MAX_DELTA.
+    """
+
+    TYPE: ClassVar[InputType] = InputType.POINTER_RELATIVE
+    dx: int
+    dy: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +175,9 @@ class ProbeAck:
     frames_decoded: int | None = None
 
 
-InputEvent = PointerMove | PointerButton | Wheel | Key | Gamepad | Clipboard | Resize | Ping | ProbeAck
+InputEvent = (
+    PointerMove | PointerRelative | PointerButton | Wheel | Key | Gamepad | Clipboard | Resize | Ping | ProbeAck
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,6 +336,11 @@ def _parse_object(msg: dict[str, object]) -> InputEvent:
     match input_type:
         case InputType.POINTER_MOVE:
             return PointerMove(x=_number(msg, "x", 0.0, 1.0), y=_number(msg, "y", 0.0, 1.0))
+        case InputType.POINTER_RELATIVE:
+            return PointerRelative(
+                dx=_integer(msg, "dx", -POINTER_MAX_DELTA, POINTER_MAX_DELTA),
+                dy=_integer(msg, "dy", -POINTER_MAX_DELTA, POINTER_MAX_DELTA),
+            )
         case InputType.POINTER_BUTTON:
             return PointerButton(button=_integer(msg, "b", 1, POINTER_MAX_BUTTON), down=_boolean(msg, "d"))
         case InputType.WHEEL:

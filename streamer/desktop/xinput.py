@@ -1,7 +1,9 @@
 """Inject validated viewer input into an X display through XTEST.
 
 Job: apply ``streamer.desktop.inputs`` events to the session's display: pointer
-motion (0..1 coordinates scaled to the current screen size), buttons, wheel
+motion (0..1 coordinates scaled to the current screen size), relative motion
+(XTEST relative MotionNotify: the server moves the pointer by ``dx, dy`` pixels
+and clamps it to the screen, as a real mouse does), buttons, wheel
 notches (X buttons 4/5 vertical, 6/7 horizontal), keys (keysym -> keycode
 through the display's own keymap) and, when ``xclip`` is installed, the
 CLIPBOARD selection.  Gamepad, resize and ping events are not X input: the
@@ -40,7 +42,7 @@ from Xlib import display as xdisplay
 from Xlib.error import DisplayError as XDisplayError
 from Xlib.ext import xtest
 
-from streamer.desktop.inputs import Clipboard, InputEvent, Key, PointerButton, PointerMove, Wheel
+from streamer.desktop.inputs import Clipboard, InputEvent, Key, PointerButton, PointerMove, PointerRelative, Wheel
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +141,8 @@ class XInjector:
             raise InjectError("injector closed")
         if isinstance(event, PointerMove):
             self.move(event.x, event.y)
+        elif isinstance(event, PointerRelative):
+            self.move_relative(event.dx, event.dy)
         elif isinstance(event, PointerButton):
             return self.button(event.button, event.down)
         elif isinstance(event, Wheel):
@@ -162,6 +166,13 @@ class XInjector:
         xtest.fake_input(self._dpy, X.MotionNotify, x=px, y=py)
         self._dpy.flush()
         self._injected["move"] += 1
+
+    def move_relative(self, dx: int, dy: int) -> None:
+        """Move the pointer by ``(dx, dy)`` pixels from where it is (X clamps it to the screen)."""
+        # XTEST: detail 1 (True) makes x, y a relative motion; python-xlib packs them as INT16.
+        xtest.fake_input(self._dpy, X.MotionNotify, detail=1, x=dx, y=dy)
+        self._dpy.flush()
+        self._injected["move_relative"] += 1
 
     def button(self, viewer_button: int, down: bool) -> bool:
         """Press or release a viewer button (1..5); False if it has no X button."""

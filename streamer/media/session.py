@@ -68,7 +68,7 @@ from typing import Any, Final, Literal, cast
 
 from aiortc.rtp import RtcpReceiverInfo
 
-from broker.protocol import NodeEventType, PoolKind, SignalType
+from broker.protocol import ControlScheme, NodeEventType, PoolKind, SignalType
 from encoder import (
     AIORTC_VIDEO_CODECS,
     Backend,
@@ -1153,7 +1153,10 @@ class SessionRuntime:
             "height",
             "send_jitter_ms",
         )
-        return {"t": NodeEventType.STATS.value, **{k: s[k] for k in keys}, "encode_ms": s["encode_ms"]}
+        # the built-in game (numpy or GL) has known controls; a desktop or a game command has none to show
+        controls = ControlScheme.BUILTIN_GAME.value if s["source"] in ("game", "game-gl") else None
+        return {"t": NodeEventType.STATS.value, **{k: s[k] for k in keys}, "encode_ms": s["encode_ms"],
+                "controls": controls}
 
     async def _configure_encoder(self, backend: Backend, rung: Rung, bitrate_bps: int) -> None:
         """Make the pipeline encode with ``backend`` at ``rung``: a live bitrate change if it already does."""

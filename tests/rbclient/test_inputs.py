@@ -8,16 +8,17 @@ import math
 import pytest
 
 from rbclient import inputs
-from streamer.desktop.inputs import parse_input
+from streamer.desktop.inputs import InputError, parse_input
 
 
 @pytest.mark.parametrize("message", [
     inputs.key("KeyW", True), inputs.key("ArrowLeft", False), inputs.pointer_move(0, 1),
+    inputs.pointer_relative(-4096, 4096), inputs.pointer_relative(0, 3),
     inputs.pointer_button(5, True), inputs.wheel(-10, 2.5), inputs.gamepad(3, [0.0, -1.0] * 4, [1.0] * 17),
     inputs.clipboard("héllo"), inputs.ping(2**53 - 1, 12345.6),
 ])  # fmt: skip
 def test_messages_pass_the_nodes_parser(message: dict[str, object]) -> None:
-    assert parse_input(json.dumps(message)) is not None
+    assert not isinstance(parse_input(json.dumps(message)), InputError)
 
 
 @pytest.mark.parametrize(("build", "words"), [
@@ -25,6 +26,8 @@ def test_messages_pass_the_nodes_parser(message: dict[str, object]) -> None:
     (lambda: inputs.key("K" * 33, True), "key code"),
     (lambda: inputs.pointer_move(1.01, 0), "x must be within"),
     (lambda: inputs.pointer_move(0, math.nan), "y must be a finite number"),
+    (lambda: inputs.pointer_relative(4097, 0), "dx must be an integer"),
+    (lambda: inputs.pointer_relative(0, 1.5), "dy must be an integer"),  # type: ignore[arg-type]
     (lambda: inputs.pointer_button(0, True), "button must be an integer"),
     (lambda: inputs.pointer_button(True, True), "button must be an integer"),  # type: ignore[arg-type]
     (lambda: inputs.wheel(0, 11), "dy must be within"),

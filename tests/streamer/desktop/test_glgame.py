@@ -21,12 +21,13 @@ from streamer.desktop.game import (
     CpuGameRenderer,
     Game,
     Stamp,
+    find_crosshair,
     find_player,
     read_stamp,
     stamp_height,
 )
 from streamer.desktop.glgame import GlGameRenderer, GlUnavailableError, probe_gl
-from streamer.desktop.inputs import InputEvent, parse_input
+from streamer.desktop.inputs import InputEvent, PointerButton, PointerRelative, parse_input
 
 T0_MS = 1_764_700_000_000  # a fixed epoch time: tests never read the clock
 MAX_MEAN_ABS_DIFF = 0.5  # per channel, 0..255: measured 0.0 on llvmpipe
@@ -153,6 +154,20 @@ def test_gl_player_follows_input_like_the_numpy_one(make_gl: MakeGl) -> None:
     frame = gl.render(game.scene(T0_MS + 166))
     cx, cy = game.player_position()
     assert tuple(frame[int(cy), int(cx), :3]) == PLAYER_BGR
+
+
+def test_gl_draws_the_crosshair_and_the_shot_like_the_numpy_one(make_gl: MakeGl) -> None:
+    game = Game(640, 360)
+    cpu, gl = CpuGameRenderer(640, 360), make_gl(640, 360)
+    for i, event in enumerate((PointerRelative(0, 0), PointerRelative(120, -70), PointerButton(1, True))):
+        game.apply(event)
+        scene = game.scene(T0_MS + i * 20)
+        want, got = cpu.render(scene).copy(), gl.render(scene)
+        assert (got == want).all()  # pixel for pixel, crosshair and shot box included
+        found = find_crosshair(got)
+        assert found is not None
+        assert found == pytest.approx((game.aim_position()[0] - 0.5, game.aim_position()[1] - 0.5), abs=0.6)
+    assert scene.crosshair[2].w > 0  # the last frame showed the shot
 
 
 def test_gl_resize(make_gl: MakeGl) -> None:

@@ -11,6 +11,7 @@ from broker.protocol import (
     CLIPBOARD_MAX_CHARS,
     GAMEPAD_MAX_AXES,
     GAMEPAD_MAX_BUTTONS,
+    POINTER_MAX_DELTA,
     InputType,
 )
 from streamer.desktop.inputs import (
@@ -25,6 +26,7 @@ from streamer.desktop.inputs import (
     Ping,
     PointerButton,
     PointerMove,
+    PointerRelative,
     ProbeAck,
     Resize,
     Wheel,
@@ -35,6 +37,12 @@ from streamer.desktop.inputs import (
 ACCEPTED = [
     ({"t": "pm", "x": 0, "y": 1}, PointerMove(0.0, 1.0)),
     ({"t": "pm", "x": 0.25, "y": 0.5}, PointerMove(0.25, 0.5)),
+    ({"t": "pr", "dx": 3, "dy": -7}, PointerRelative(3, -7)),
+    (
+        {"t": "pr", "dx": -POINTER_MAX_DELTA, "dy": POINTER_MAX_DELTA},
+        PointerRelative(-POINTER_MAX_DELTA, POINTER_MAX_DELTA),
+    ),
+    ({"t": "pr", "dx": 2.0, "dy": 0}, PointerRelative(2, 0)),  # JS numbers: 2.0 is 2
     ({"t": "pb", "b": 1, "d": True}, PointerButton(1, True)),
     ({"t": "pb", "b": 5, "d": False}, PointerButton(5, False)),
     ({"t": "pb", "b": 3.0, "d": False}, PointerButton(3, False)),  # JS numbers: 3.0 is 3
@@ -88,6 +96,12 @@ REJECTED = [
     ('{"t":"pm","x":true,"y":0}', DropReason.BAD_FIELD_TYPE),
     ('{"t":"pm","x":1.01,"y":0}', DropReason.OUT_OF_RANGE),
     ('{"t":"pm","x":0,"y":-0.01}', DropReason.OUT_OF_RANGE),
+    ('{"t":"pr","dx":1}', DropReason.MISSING_FIELD),
+    ('{"t":"pr","dx":1.5,"dy":0}', DropReason.BAD_FIELD_TYPE),
+    ('{"t":"pr","dx":"1","dy":0}', DropReason.BAD_FIELD_TYPE),
+    ('{"t":"pr","dx":true,"dy":0}', DropReason.BAD_FIELD_TYPE),
+    (f'{{"t":"pr","dx":0,"dy":{POINTER_MAX_DELTA + 1}}}', DropReason.OUT_OF_RANGE),
+    (f'{{"t":"pr","dx":{-POINTER_MAX_DELTA - 1},"dy":0}}', DropReason.OUT_OF_RANGE),
     ('{"t":"pb","b":0,"d":true}', DropReason.OUT_OF_RANGE),
     ('{"t":"pb","b":6,"d":true}', DropReason.OUT_OF_RANGE),
     ('{"t":"pb","b":1.5,"d":true}', DropReason.BAD_FIELD_TYPE),

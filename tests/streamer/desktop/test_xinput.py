@@ -18,7 +18,16 @@ from Xlib import X
 from Xlib import display as xdisplay
 
 from streamer.desktop.display import DisplayConfig, VirtualDisplay
-from streamer.desktop.inputs import KEYSYMS, Gamepad, InputEvent, Ping, PointerMove, Resize, parse_input
+from streamer.desktop.inputs import (
+    KEYSYMS,
+    Gamepad,
+    InputEvent,
+    Ping,
+    PointerMove,
+    PointerRelative,
+    Resize,
+    parse_input,
+)
 from streamer.desktop.xinput import InjectError, XInjector
 from tests.streamer.viewer import until
 
@@ -139,6 +148,22 @@ def test_pointer_move_scales_to_the_screen(bare_display: VirtualDisplay, injecto
     injector.move(0.0, 0.0)
     injector.sync()
     assert _pointer(bare_display.name) == (0, 0)
+
+
+def test_relative_motion_moves_from_the_pointer_and_stops_at_the_edges(
+    bare_display: VirtualDisplay, injector: XInjector
+) -> None:
+    injector.move(0.5, 0.5)
+    assert injector.inject(PointerRelative(30, -20))
+    injector.sync()
+    assert _pointer(bare_display.name) == (430, 280)
+    assert injector.inject(PointerRelative(-7, 5))
+    injector.sync()
+    assert _pointer(bare_display.name) == (423, 285)
+    injector.move_relative(-4096, 4096)  # the server clamps to the screen, as with a real mouse
+    injector.sync()
+    assert _pointer(bare_display.name) == (0, 599)
+    assert injector.stats().injected["move_relative"] == 3
 
 
 @pytest.mark.skipif(shutil.which("xdotool") is None, reason="xdotool is not installed")
