@@ -29,14 +29,11 @@ from typing import IO, Any
 import pytest
 
 from broker.auth import turn_credentials
+from tests.netem.coturn import SECRET, TURN_PORT, TURNS_PORT, start_turn
 from tests.netem.lab import ROUTER_NODE_IP, ROUTER_VIEWER_IP, Lab, unavailable_reason
 from tests.tlsutil import make_ca
 
 PEER = str(Path(__file__).with_name("turnpeer.py"))
-SECRET = "lab-turn-secret"
-REALM = "render-broker.test"
-TURN_PORT = 3478
-TURNS_PORT = 5349
 DEADLINE_S = 60.0
 
 pytestmark = [
@@ -46,15 +43,6 @@ pytestmark = [
                        reason="coturn is not installed (Debian package coturn; scripts/setup.sh installs it)"),
 ]
 
-# Node <-> viewer forwarding is dropped: they share no path but the router's own TURN server.
-NO_DIRECT_PATH = """table inet rbturn {
-  chain forward {
-    type filter hook forward priority -300; policy accept;
-    ip saddr 10.231.1.0/24 ip daddr 10.231.2.0/24 counter drop
-    ip saddr 10.231.2.0/24 ip daddr 10.231.1.0/24 counter drop
-  }
-}
-"""
 # A firewall on the viewer's side that lets no UDP out to the router (TURN must use TCP).
 VIEWER_UDP_BLOCKED = """table inet rbturnudp {
   chain input {
@@ -74,33 +62,10 @@ VIEWER_PLAIN_TURN_BLOCKED = f"""table inet rbturntcp {{
 """
 
 
-def _start_turn(lab: Lab, tls: tuple[Path, Path] | None = None) -> None:
-    """coturn in the router on both its addresses; with ``tls`` (cert, key) also TLS on 5349."""
-    lab.router_nft(NO_DIRECT_PATH)
-    tls_args = [f"--cert={tls[0]}", f"--pkey={tls[1]}", f"--tls-listening-port={TURNS_PORT}"] if tls else ["--no-tls"]
-    turn = lab.popen("router", [
-        "turnserver", "-n", "--no-cli", *tls_args, "--no-dtls", "--use-auth-secret",
-        f"--static-auth-secret={SECRET}", f"--realm={REALM}", f"--listening-ip={ROUTER_NODE_IP}",
-        f"--listening-ip={ROUTER_VIEWER_IP}", f"--relay-ip={ROUTER_NODE_IP}", f"--listening-port={TURN_PORT}",
-        "--min-port=49160", "--max-port=49260", "--log-file=stdout", "--simple-log", "--no-software-attribute",
-        "--pidfile=/dev/null"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wanted = [f"{ROUTER_VIEWER_IP}:{TURN_PORT}"] + ([f"{ROUTER_VIEWER_IP}:{TURNS_PORT}"] if tls else [])
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        if turn.poll() is not None:
-            raise AssertionError(f"coturn exited: {turn.stdout.read() if turn.stdout else ''}")
-        out = subprocess.run(["ip", "netns", "exec", lab.router_ns, "ss", "-lntu"], capture_output=True, text=True,
-                             check=False).stdout
-        if all(w in out for w in wanted) and "tcp" in out and "udp" in out:
-            return
-        time.sleep(0.1)
-    raise AssertionError("coturn did not listen in time")
-
-
 @pytest.fixture
 def lab() -> Iterator[Lab]:
     with Lab() as lab:
-        _start_turn(lab)
+        start_turn(lab)
         yield lab
 
 
@@ -111,7 +76,7 @@ def tls_lab(tmp_path: Path) -> Iterator[tuple[Lab, Path]]:
     cert, key = tmp_path / "turn.pem", tmp_path / "turn.key"
     ca.issue(cert, key, ips=(ROUTER_NODE_IP, ROUTER_VIEWER_IP))
     with Lab() as lab:
-        _start_turn(lab, (cert, key))
+        start_turn(lab, (cert, key))
         yield lab, ca.path
 
 
