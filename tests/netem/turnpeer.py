@@ -9,7 +9,8 @@ Signaling is JSON lines over stdin/stdout relayed by the parent (the namespaces 
 path but the TURN server): the viewer prints ``{"sig": offer}``, the parent hands it to the node,
 which prints ``{"sig": [replies]}``; the parent hands those to the viewer.  The viewer then prints
 ``{"frames": n, "stamps": k, "local_types": [...]}`` once it decoded 30 frames (or ``{"error": ...}``)
-and exits; the node runs until stdin closes.  Logs go to stderr.
+and keeps the connection up until its stdin closes (the parent reads the node's stats meanwhile: a
+closed peer is no path to report); the node runs until stdin closes.  Logs go to stderr.
 ``viewer --gather-only`` only gathers (an offer, no peer) and prints ``{"local_types": [...]}``: the
 candidate types ICE found with that server list (e.g. none when the TURN server's TLS certificate
 is not trusted).  TLS trust for ``turns:`` is the process's OpenSSL default (``SSL_CERT_FILE``).
@@ -100,6 +101,7 @@ async def viewer(advertise: str, ice: list[dict[str, Any]], relay_only: bool) ->
         local = [c.type for t in v.pc.getTransceivers() if t.receiver.transport is not None
                  for c in t.receiver.transport.transport.iceGatherer.getLocalCandidates()]
         emit({"frames": len(v.frames), "stamps": stamps, "local_types": sorted(set(local))})
+        await read_line()  # hold the connection until the parent has read the node's stats (then stdin closes)
     except Exception as exc:  # boundary: the parent reads the reason
         emit({"error": repr(exc)})
         return 1
