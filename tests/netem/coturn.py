@@ -25,6 +25,24 @@ NO_DIRECT_PATH = """table inet rbturn {
 }
 """
 
+# A firewall on the viewer's side that lets no UDP out to the router (TURN must use TCP).
+VIEWER_UDP_BLOCKED = """table inet rbturnudp {
+  chain input {
+    type filter hook input priority -300; policy accept;
+    iifname "rviewer" meta l4proto udp counter drop
+  }
+}
+"""
+# ... and no plain TCP to the TURN port either: only TLS on 5349 gets through.
+VIEWER_PLAIN_TURN_BLOCKED = f"""table inet rbturntcp {{
+  chain input {{
+    type filter hook input priority -300; policy accept;
+    iifname "rviewer" tcp dport {TURN_PORT} counter drop
+    iifname "rviewer" tcp dport {TURNS_PORT} counter accept
+  }}
+}}
+"""
+
 
 def start_turn(lab: Lab, tls: tuple[Path, Path] | None = None) -> None:
     """coturn in the router on both its addresses; with ``tls`` (cert, key) also TLS on 5349."""

@@ -29,7 +29,7 @@ from typing import IO, Any
 import pytest
 
 from broker.auth import turn_credentials
-from tests.netem.coturn import SECRET, TURN_PORT, TURNS_PORT, start_turn
+from tests.netem.coturn import SECRET, TURN_PORT, TURNS_PORT, VIEWER_PLAIN_TURN_BLOCKED, VIEWER_UDP_BLOCKED, start_turn
 from tests.netem.lab import ROUTER_NODE_IP, ROUTER_VIEWER_IP, Lab, unavailable_reason
 from tests.tlsutil import make_ca
 
@@ -42,25 +42,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("turnserver") is None,
                        reason="coturn is not installed (Debian package coturn; scripts/setup.sh installs it)"),
 ]
-
-# A firewall on the viewer's side that lets no UDP out to the router (TURN must use TCP).
-VIEWER_UDP_BLOCKED = """table inet rbturnudp {
-  chain input {
-    type filter hook input priority -300; policy accept;
-    iifname "rviewer" meta l4proto udp counter drop
-  }
-}
-"""
-# ... and no plain TCP to the TURN port either: only TLS on 5349 gets through.
-VIEWER_PLAIN_TURN_BLOCKED = f"""table inet rbturntcp {{
-  chain input {{
-    type filter hook input priority -300; policy accept;
-    iifname "rviewer" tcp dport {TURN_PORT} counter drop
-    iifname "rviewer" tcp dport {TURNS_PORT} counter accept
-  }}
-}}
-"""
-
 
 @pytest.fixture
 def lab() -> Iterator[Lab]:

@@ -12,12 +12,18 @@ the exec, so nothing else was needed; ``--no-sandbox`` as in every browser test)
 with ``?relay=1`` (ICE transport policy "relay"), and the router drops every packet forwarded
 between node and viewer.  Asserted: frames decoded in the page, the page's selected local candidate
 is ``relay``, and the node's heartbeat reports the session's path as ``relay`` (the dashboard's badge).
-Skipped, with the reason, without root/namespaces, coturn or Chromium.
+Two cases: TURN over UDP, and TURN over TLS (``turns:host:5349?transport=tcp`` for both sides, coturn
+with a test-CA certificate) with the viewer's UDP and plain TCP 3478 dropped.  Chromium verifies the
+TURN server's certificate (without help the TLS case never connects); it is made to trust the test
+certificate with ``--ignore-certificate-errors-spki-list`` (the SHA-256 of its public key), the node
+through ``SSL_CERT_FILE``.  Skipped, with the reason, without root/namespaces, coturn or Chromium.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 import os
 import shutil
@@ -25,17 +31,21 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from bench.common import CHROMIUM, CHROMIUM_ARGS
 from tests.conftest import ADMIN, NODE, SECRET
 from tests.netem.coturn import SECRET as TURN_SECRET
-from tests.netem.coturn import TURN_PORT, start_turn
+from tests.netem.coturn import TURN_PORT, TURNS_PORT, VIEWER_PLAIN_TURN_BLOCKED, VIEWER_UDP_BLOCKED, start_turn
 from tests.netem.lab import ROUTER_NODE_IP, ROUTER_VIEWER_IP, Lab, unavailable_reason
 from tests.procs import session_user_env
+from tests.tlsutil import make_ca
 from tests.web.conftest import VIEWPORT, page_errors
 
 BROKER_PORT = 8080  # the router namespace has its own port space
@@ -97,10 +107,32 @@ def _until(what: str, probe: Any, proc: subprocess.Popen[Any], log: Path) -> Any
     raise AssertionError(f"{what}: not within {DEADLINE_S} s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture
-def turn_lab(tmp_path: Path) -> Iterator[Lab]:
+@dataclass
+class TurnLab:
+    lab: Lab
+    turn_url: str
+    chromium_args: list[str]  # the TLS case: trust the test certificate by its key's SPKI hash
+
+
+@pytest.fixture(params=["udp", "tls"])
+def turn_lab(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TurnLab]:
+    tls = request.param == "tls"
     with Lab() as lab:
-        start_turn(lab)
+        extra_env: dict[str, str] = {}
+        chromium_args: list[str] = []
+        if tls:
+            ca = make_ca(tmp_path)
+            cert, key = tmp_path / "turn.pem", tmp_path / "turn.key"
+            ca.issue(cert, key, ips=(ROUTER_NODE_IP, ROUTER_VIEWER_IP))
+            start_turn(lab, (cert, key))
+            lab.router_nft(VIEWER_UDP_BLOCKED)
+            lab.router_nft(VIEWER_PLAIN_TURN_BLOCKED)
+            turn_url = f"turns:{ROUTER_VIEWER_IP}:{TURNS_PORT}?transport=tcp"
+            extra_env = {"SSL_CERT_FILE": str(ca.path)}  # the node (aiortc) trusts the test CA
+            chromium_args = [f"--ignore-certificate-errors-spki-list={_spki_hash(cert)}"]
+        else:
+            start_turn(lab)
+            turn_url = f"turn:{ROUTER_VIEWER_IP}:{TURN_PORT}?transport=udp"
         broker_log = tmp_path / "broker.log"
         env = {**os.environ, "BROKER_HOST": "0.0.0.0", "BROKER_PORT": str(BROKER_PORT), "BROKER_REDIS_URL": "",
                "BROKER_DATA_DIR": str(tmp_path / "data"), "BROKER_DATABASE_URL": f"sqlite:///{tmp_path / 'b.db'}",
@@ -108,7 +140,7 @@ def turn_lab(tmp_path: Path) -> Iterator[Lab]:
                "BROKER_REAPER_INTERVAL_S": "3600", "BROKER_SAMPLE_INTERVAL_S": "3600",
                "BROKER_AUTOSCALE_INTERVAL_S": "0", "BROKER_HOST_LEASE_TTL_S": "300", "BROKER_LOG_LEVEL": "warning",
                # one URL for both sides: the node reaches the router's viewer-side address too (local delivery)
-               "BROKER_TURN_URLS": f"turn:{ROUTER_VIEWER_IP}:{TURN_PORT}?transport=udp",
+               "BROKER_TURN_URLS": turn_url,
                "BROKER_TURN_SECRET": TURN_SECRET}
         with open(broker_log, "ab") as log:
             broker = lab.popen("router", [sys.executable, "-m", "broker", "serve"], env=env, stdout=log, stderr=log)
@@ -119,18 +151,31 @@ def turn_lab(tmp_path: Path) -> Iterator[Lab]:
         node_env = {**os.environ, "NODE_BROKER_URL": f"http://{ROUTER_NODE_IP}:{BROKER_PORT}", "NODE_NODE_TOKEN": NODE,
                     "NODE_HOST_ID": HOST, "NODE_POOL": POOL, "NODE_ADVERTISE_ADDRESSES": lab.node_ip,
                     "NODE_SEATS": "1", "NODE_HEARTBEAT_INTERVAL_S": "1", "NODE_ENCODER": "libx264",
-                    "NODE_LOG_LEVEL": "info", "NODE_SHUTDOWN_GRACE_S": "0", **session_user_env()}
+                    "NODE_LOG_LEVEL": "info", "NODE_SHUTDOWN_GRACE_S": "0", **session_user_env(), **extra_env}
         with open(node_log, "ab") as log:
             node = lab.popen("node", [sys.executable, "-m", "streamer"], env=node_env, stdout=log, stderr=log)
         _until("node registered", lambda: _http(lab, "GET", f"/api/v1/hosts/{HOST}", ADMIN)[0] == 200 or None,
                node, node_log)
-        yield lab
+        yield TurnLab(lab, turn_url, chromium_args)
 
 
-async def test_a_chromium_viewer_streams_relay_only_through_turn(turn_lab: Lab, tmp_path: Path) -> None:
+def _tls_rule(lab: Lab) -> str:
+    """The router's accept rule for TLS to 5349, with its packet counter."""
+    rules = subprocess.run(["ip", "netns", "exec", lab.router_ns, "nft", "list", "table", "inet", "rbturntcp"],
+                           capture_output=True, text=True, check=True).stdout
+    return next(line for line in rules.splitlines() if f"dport {TURNS_PORT}" in line)
+
+
+def _spki_hash(cert_pem: Path) -> str:
+    cert = x509.load_pem_x509_certificate(cert_pem.read_bytes())
+    spki = cert.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return base64.b64encode(hashlib.sha256(spki).digest()).decode()
+
+
+async def test_a_chromium_viewer_streams_relay_only_through_turn(turn_lab: TurnLab, tmp_path: Path) -> None:
     from playwright.async_api import async_playwright
 
-    lab = turn_lab
+    lab = turn_lab.lab
     status, body = _http(lab, "POST", "/api/v1/tokens", ADMIN, {"user": "viewer", "ttl_s": 3600})
     assert status == 201, body
     token = body["token"]
@@ -140,7 +185,7 @@ async def test_a_chromium_viewer_streams_relay_only_through_turn(turn_lab: Lab, 
     profile = tmp_path / "chromium-profile"
     async with async_playwright() as pw:
         ctx = await pw.chromium.launch_persistent_context(
-            str(profile), executable_path=str(wrapper), headless=True, args=CHROMIUM_ARGS,
+            str(profile), executable_path=str(wrapper), headless=True, args=[*CHROMIUM_ARGS, *turn_lab.chromium_args],
             viewport={"width": VIEWPORT["width"], "height": VIEWPORT["height"]})
         ctx.set_default_timeout(20_000)
         try:
@@ -159,12 +204,15 @@ async def test_a_chromium_viewer_streams_relay_only_through_turn(turn_lab: Lab, 
             assert stats["localCandidateType"] == "relay", stats  # the page had nothing but its TURN allocation
             servers = await page.evaluate("window.renderBroker.pc.getConfiguration()")
             assert servers["iceTransportPolicy"] == "relay"
-            assert any(f"{ROUTER_VIEWER_IP}:{TURN_PORT}" in url for s in servers["iceServers"] for url in s["urls"])
+            assert [url for s in servers["iceServers"] for url in s["urls"]] == [turn_lab.turn_url]
             candidate = await _node_candidate(lab, sid)  # while the page still streams
             assert errors == [], errors
         finally:
             await ctx.close()
     shutil.rmtree(profile, ignore_errors=True)
+    if turn_lab.turn_url.startswith("turns:"):
+        tls_line = _tls_rule(lab)
+        assert "counter packets 0 " not in tls_line, tls_line  # the media did travel over TLS to 5349
     assert candidate == "relay"  # what the node's heartbeat reports and the dashboard shows for the session
 
 
