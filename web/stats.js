@@ -79,6 +79,7 @@ export function renderStats(box, s) {
     row("Frame rate", fmtNum(s.fps, 0, " fps")),
     row("Bitrate", fmtBitrate(s.bitrateBps)),
     row("Codec", s.codec || "–"),
+    row("Path", s.localCandidateType === "relay" ? "relay (TURN)" : s.localCandidateType || "–"),
     row("RTT (ICE)", fmtNum(s.rttMs, 1, " ms")),
     row("Input RTT", fmtNum(s.inputRttMs, 1, " ms")),
     Number.isFinite(n.probe_rtt_ms) ? row("Probe RTT (node)", fmtNum(n.probe_rtt_ms, 1, " ms")) : null,

@@ -205,6 +205,9 @@ async def test_a_chromium_viewer_streams_relay_only_through_turn(turn_lab: TurnL
             servers = await page.evaluate("window.renderBroker.pc.getConfiguration()")
             assert servers["iceTransportPolicy"] == "relay"
             assert [url for s in servers["iceServers"] for url in s["urls"]] == [turn_lab.turn_url]
+            await page.keyboard.press("F8")  # the stats overlay names the path too
+            await page.wait_for_function("() => document.querySelector('#stats dl')?.textContent"
+                                         ".includes('relay (TURN)')")
             candidate = await _node_candidate(lab, sid)  # while the page still streams
             assert errors == [], errors
         finally:
