@@ -23,6 +23,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from broker.errors import ValidationError
 from broker.http.edge import Edge, TlsReloader, parse_listen, tls_context
 from broker.settings import BrokerSettings, load, settings_table
+from rbcommon.iceurls import check_ice_urls
 
 
 def _fill_secrets(s: BrokerSettings) -> tuple[BrokerSettings, list[str]]:
@@ -84,6 +85,15 @@ def serve(argv: Sequence[str]) -> int:
     except ValidationError as exc:
         print(f"render-broker: {exc.detail}", file=sys.stderr)
         return 2
+    try:
+        check_ice_urls(settings.stun_urls, "stun_urls", ("stun", "stuns"))
+        turn = check_ice_urls(settings.turn_urls, "turn_urls", ("turn", "turns"))
+    except ValueError as exc:
+        print(f"render-broker: {exc}", file=sys.stderr)
+        return 2
+    if len(turn) > 1:  # browsers try every URL; aiortc (nodes, the Python client) only the first
+        logging.getLogger("broker").info("turn_urls: nodes use the first (%s); browsers try all %d",
+                                         settings.turn_urls[0], len(turn))
     ctx = None
     if bool(settings.tls_cert) != bool(settings.tls_key):
         print("render-broker: tls_cert and tls_key go together (set both, or neither for plain HTTP)", file=sys.stderr)

@@ -22,8 +22,9 @@ class CertAuthority:
     def client_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.path))
 
-    def issue(self, cert_path: Path, key_path: Path, serial: int | None = None) -> int:
-        """Write a leaf for 127.0.0.1 and localhost signed by this CA; returns its serial number."""
+    def issue(self, cert_path: Path, key_path: Path, serial: int | None = None,
+              ips: tuple[str, ...] = ("127.0.0.1",)) -> int:
+        """Write a leaf for ``ips`` (default 127.0.0.1) and localhost signed by this CA; returns its serial."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(tz=datetime.UTC)
         serial = serial or x509.random_serial_number()
@@ -32,7 +33,7 @@ class CertAuthority:
                 .issuer_name(self.cert.subject).public_key(key.public_key()).serial_number(serial)
                 .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
                 .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                            x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                                                            *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips)]),
                                critical=False)
                 .sign(self.key, hashes.SHA256()))
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))

@@ -40,6 +40,8 @@ const POLL_INTERVAL_MS = 3000; // fallback when the events stream cannot be open
 const HINT_MS = 5000;
 // receive-side buffering (playout.js): "low" unless the page was opened with ?playout=browser
 const PLAYOUT_MODE = new URLSearchParams(location.search).get("playout") === "browser" ? "browser" : "low";
+// ?relay=1: gather TURN (relay) candidates only, to check a TURN server or debug a viewer's network
+const ICE_POLICY = new URLSearchParams(location.search).get("relay") === "1" ? "relay" : "all";
 
 /** User-facing text for each end reason (tests/web/test_protocol_sync.py checks none is missing). */
 const END_REASON_TEXT = Object.freeze({
@@ -378,7 +380,7 @@ async function connect({ takeover = false } = {}) {
   const mine = () => app.link === link; // handlers of a replaced link are ignored
   const link = new PeerLink({
     signalUrl: tabSignalUrl(sig.url, TAB, takeover), token: app.token, iceServers: sig.ice_servers || [],
-    playout: PLAYOUT_MODE,
+    playout: PLAYOUT_MODE, iceTransportPolicy: ICE_POLICY,
     starting: () => Boolean(app.session && app.session.state === SessionState.STARTING),
     on: {
       answered: () => { if (mine()) { step("node", "done"); step("ice", "active"); } },

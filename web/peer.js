@@ -59,6 +59,7 @@ export class PeerLink {
    * @param {object[]} o.iceServers  the session's ICE servers, used as given
    * @param {() => boolean} o.starting  true while the broker still reports the session "starting"
    * @param {string} [o.playout]  receive-side buffering: "low" (default) or "browser" (see playout.js)
+   * @param {string} [o.iceTransportPolicy]  "all" (default) or "relay": only TURN candidates (the page's ?relay=1)
    * @param {object} o.on  handlers: answered(), state(connectionState), track(MediaStream) for the video,
    *   audio(MediaStream) for the session's sound,
    *   channelOpen(), nodeEvent(rawData), bye(reason), signalError(msg), signalClosed(),
@@ -82,7 +83,8 @@ export class PeerLink {
 
   /** Build the peer connection, gather, open signaling and send the offer. Rejects on setup errors. */
   async start() {
-    const pc = new RTCPeerConnection({ iceServers: this.o.iceServers || [], bundlePolicy: "max-bundle" });
+    const pc = new RTCPeerConnection({ iceServers: this.o.iceServers || [], bundlePolicy: "max-bundle",
+      iceTransportPolicy: this.o.iceTransportPolicy === "relay" ? "relay" : "all" });
     this.pc = pc;
     const video = pc.addTransceiver("video", { direction: "recvonly" });
     const mode = this.o.playout || "low";

@@ -27,6 +27,7 @@ export async function readStats(pc, prev, extra = {}) {
   if (transport && transport.selectedCandidatePairId) pair = report.get(transport.selectedCandidatePairId);
   if (!pair) report.forEach((s) => { if (s.type === "candidate-pair" && s.nominated && s.state === "succeeded") pair = s; });
   const codec = inbound && inbound.codecId ? report.get(inbound.codecId) : null;
+  const local = pair && pair.localCandidateId ? report.get(pair.localCandidateId) : null;
   const i = inbound || {};
   const out = {
     connectionState: pc.connectionState,
@@ -41,6 +42,7 @@ export async function readStats(pc, prev, extra = {}) {
     packetsLost: i.packetsLost ?? 0,
     totalDecodeTime: i.totalDecodeTime ?? 0,
     jitterMs: Number.isFinite(i.jitter) ? i.jitter * 1000 : null,
+    localCandidateType: local ? local.candidateType : null, // host | srflx | prflx | relay
     rttMs: pair && Number.isFinite(pair.currentRoundTripTime) ? pair.currentRoundTripTime * 1000 : null,
     decodeMs: i.framesDecoded ? (i.totalDecodeTime / i.framesDecoded) * 1000 : null,
     jitterBufferMs: i.jitterBufferEmittedCount ? (i.jitterBufferDelay / i.jitterBufferEmittedCount) * 1000 : null,
@@ -77,6 +79,7 @@ export function renderStats(box, s) {
     row("Frame rate", fmtNum(s.fps, 0, " fps")),
     row("Bitrate", fmtBitrate(s.bitrateBps)),
     row("Codec", s.codec || "–"),
+    row("Path", s.localCandidateType === "relay" ? "relay (TURN)" : s.localCandidateType || "–"),
     row("RTT (ICE)", fmtNum(s.rttMs, 1, " ms")),
     row("Input RTT", fmtNum(s.inputRttMs, 1, " ms")),
     Number.isFinite(n.probe_rtt_ms) ? row("Probe RTT (node)", fmtNum(n.probe_rtt_ms, 1, " ms")) : null,

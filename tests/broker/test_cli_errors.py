@@ -65,3 +65,20 @@ def test_a_malformed_http_request_is_one_warning_line_not_a_traceback() -> None:
     assert "\n" not in record.getMessage()
     other = logging.LogRecord("aiohttp.server", logging.ERROR, __file__, 1, "boom", None, None)
     assert QuietBadRequests().filter(other) and other.levelno == logging.ERROR  # anything else is untouched
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"BROKER_TURN_URLS": "turn:t.example.test,turns:t.example.test?transport=udp"},
+     "render-broker: turn_urls: 'turns:t.example.test?transport=udp': turns (TLS) runs over tcp"),
+    ({"BROKER_TURN_URLS": "stun:t.example.test"}, "render-broker: turn_urls: 'stun:t.example.test': expected a turn"),
+    ({"BROKER_STUN_URLS": "stun.example.test:3478"}, "render-broker: stun_urls: 'stun.example.test:3478': expected"),
+])
+async def test_a_bad_ice_url_is_one_line_naming_the_setting_and_exit_2(tmp_path: Path, env: dict[str, str],
+                                                                       expected: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "broker", "serve", env={**os.environ, "BROKER_DATA_DIR": str(tmp_path / "d"), **env},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2
+    text = err.decode()
+    assert "Traceback" not in text and expected in text, text

@@ -9,7 +9,11 @@ Signaling is JSON lines over stdin/stdout relayed by the parent (the namespaces 
 path but the TURN server): the viewer prints ``{"sig": offer}``, the parent hands it to the node,
 which prints ``{"sig": [replies]}``; the parent hands those to the viewer.  The viewer then prints
 ``{"frames": n, "stamps": k, "local_types": [...]}`` once it decoded 30 frames (or ``{"error": ...}``)
-and exits; the node runs until stdin closes.  Logs go to stderr.
+and keeps the connection up until its stdin closes (the parent reads the node's stats meanwhile: a
+closed peer is no path to report); the node runs until stdin closes.  Logs go to stderr.
+``viewer --gather-only`` only gathers (an offer, no peer) and prints ``{"local_types": [...]}``: the
+candidate types ICE found with that server list (e.g. none when the TURN server's TLS certificate
+is not trusted).  TLS trust for ``turns:`` is the process's OpenSSL default (``SSL_CERT_FILE``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout
 
-from aiortc import RTCConfiguration, RTCIceTransportPolicy
+from aiortc import RTCConfiguration, RTCIceTransportPolicy, RTCPeerConnection
 
 from streamer.desktop.game import read_stamp
 from streamer.media.peer import rtc_configuration
@@ -63,6 +67,21 @@ async def node(advertise: str, ice: list[dict[str, Any]]) -> int:
     return 0
 
 
+async def gather(ice: list[dict[str, Any]]) -> int:
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=rtc_configuration(ice).iceServers,
+                                            iceTransportPolicy=RTCIceTransportPolicy.RELAY))
+    try:
+        pc.addTransceiver("video", direction="recvonly")
+        await pc.setLocalDescription(await pc.createOffer())  # returns once gathering is complete
+        sdp = pc.localDescription.sdp
+        types = {line.split(" typ ")[1].split()[0] for line in sdp.splitlines()
+                 if line.startswith("a=candidate:") and " typ " in line}
+        emit({"local_types": sorted(types)})
+    finally:
+        await pc.close()
+    return 0
+
+
 async def viewer(advertise: str, ice: list[dict[str, Any]], relay_only: bool) -> int:
     base = rtc_configuration(ice)
     policy = RTCIceTransportPolicy.RELAY if relay_only else RTCIceTransportPolicy.ALL
@@ -82,6 +101,7 @@ async def viewer(advertise: str, ice: list[dict[str, Any]], relay_only: bool) ->
         local = [c.type for t in v.pc.getTransceivers() if t.receiver.transport is not None
                  for c in t.receiver.transport.transport.iceGatherer.getLocalCandidates()]
         emit({"frames": len(v.frames), "stamps": stamps, "local_types": sorted(set(local))})
+        await read_line()  # hold the connection until the parent has read the node's stats (then stdin closes)
     except Exception as exc:  # boundary: the parent reads the reason
         emit({"error": repr(exc)})
         return 1
@@ -97,10 +117,13 @@ def main() -> int:
     parser.add_argument("--advertise", required=True)
     parser.add_argument("--ice", required=True, help="JSON list of ICE servers (the broker's format)")
     parser.add_argument("--relay-only", action="store_true")
+    parser.add_argument("--gather-only", action="store_true")
     ns = parser.parse_args()
     ice = json.loads(ns.ice)
     if ns.role == "node":
         return asyncio.run(node(ns.advertise, ice))
+    if ns.gather_only:
+        return asyncio.run(gather(ice))
     return asyncio.run(viewer(ns.advertise, ice, ns.relay_only))
 
 
