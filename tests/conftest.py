@@ -221,3 +221,18 @@ def tone_file() -> Iterator[Path]:
 
     with readable_tone_file(440, 2.0) as path:
         yield path
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A scratch folder any account may write: a desktop session's app (nobody when the tests run as root) writes
+    there what the test reads back; pytest's tmp_path is root's alone."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="rb-shared-"))
+    path.chmod(0o777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -55,12 +55,13 @@ async def _until(check, what: str, deadline_s: float = 20.0):  # type: ignore[no
 
 
 async def test_clipboard_resize_and_sound_controls(
-    broker: Proc, http: aiohttp.ClientSession, browser, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    broker: Proc, http: aiohttp.ClientSession, browser, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    shared_tmp: Path,
 ) -> None:
     for tool in ("Xvfb", "openbox", "xclip"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed (Debian package {tool.lower()})")
-    display_file = tmp_path / "display"
+    display_file = shared_tmp / "display"  # written by the session's app, which may run as nobody
     app = f'echo "$DISPLAY" > {shlex.quote(str(display_file))}; exec sleep 600'
     monkeypatch.setenv("NODE_APP_COMMAND", shlex.join(["sh", "-c", app]))  # render_node copies os.environ
     base, api = broker.url, f"{broker.url}/api/v1"
