@@ -23,10 +23,13 @@ client loads, from the click on the pool's button:
 - ``frame``: the page's first frame callback ran (the first keyframe was decoded and shown: the
   client's "first frame" start step).
 
-``running`` (the page learnt the session is running: the POST reply or the events stream) is printed
-beside them.  Each case prints p50/p95 of every step, cumulative from the click, and of each step's own
-share; the machine's load (``uptime``) and how busy it was.  Everything started here is stopped at
-the end, also on error or Ctrl-C / SIGTERM.
+Beside them: ``running`` (the page learnt the session is running: the POST reply or the events
+stream), ``1st candidate`` (the page gathered its first ICE candidate), ``socket open`` (the signaling
+WebSocket opened) and ``offer sent`` (the SDP offer went out on it).  ICE and DTLS are read from the
+transports' own state events (earlier than the peer connection's aggregate one) where Chromium has
+them.  Each case prints p50/p95 of every step, cumulative from the click, and of each step's own share;
+the machine's load (``uptime``) and how busy it was.  Everything started here is stopped at the end,
+also on error or Ctrl-C / SIGTERM.
 """
 
 from __future__ import annotations
@@ -96,6 +99,15 @@ MARKS_JS = """(() => {
       });
     }
   };
+  const OrigWS = window.WebSocket;
+  window.WebSocket = class extends OrigWS {
+    constructor(...args) { super(...args); this.addEventListener('open', () => mark('ws')); }
+  };
+  const origSend = WebSocket.prototype.send;
+  WebSocket.prototype.send = function (data) {
+    if (typeof data === 'string' && data.includes('"offer"')) mark('offer');
+    return origSend.call(this, data);
+  };
   const OrigPC = window.RTCPeerConnection;
   window.RTCPeerConnection = class extends OrigPC {
     constructor(...args) {
@@ -104,10 +116,24 @@ MARKS_JS = """(() => {
         if (this.iceConnectionState === 'connected' || this.iceConnectionState === 'completed') mark('ice');
       });
       this.addEventListener('connectionstatechange', () => { if (this.connectionState === 'connected') mark('dtls'); });
+      this.addEventListener('icecandidate', (e) => { if (e.candidate) mark('cand'); });
     }
-    setRemoteDescription(desc) {
+    async setRemoteDescription(desc) {
       if (desc && desc.type === 'answer') mark('node');
-      return super.setRemoteDescription(desc);
+      await super.setRemoteDescription(desc);
+      // the DTLS transport's own event comes before the peer connection's aggregate one
+      for (const r of this.getReceivers()) {
+        const t = r.transport;
+        if (t && !t.__ff) {
+          t.__ff = true;
+          t.addEventListener('statechange', () => { if (t.state === 'connected') mark('dtls'); });
+          if (t.iceTransport) {
+            t.iceTransport.addEventListener('statechange', () => {
+              if (t.iceTransport.state === 'connected' || t.iceTransport.state === 'completed') mark('ice');
+            });
+          }
+        }
+      }
     }
   };
   new MutationObserver(() => {
@@ -309,13 +335,14 @@ def report(cases: list[Case], load: str) -> None:
     rows = []
     for c in cases:
         row = [c.kind, c.mode, str(len(c.sessions))]
-        for step in (*STEPS, "running"):
+        for step in (*STEPS, "running", "cand", "ws", "offer"):
             v = c.values(step)
             row.append(f"{_fmt(percentile(v, 50))} / {_fmt(percentile(v, 95))}" if v else "n/a")
         handed = sum(1 for s in c.seat_states if s == "running")
         row += [f"{handed}/{len(c.seat_states)}", "n/a" if c.machine_busy is None else f"{c.machine_busy:.0%}"]
         rows.append(row)
-    print_table(["kind", "mode", "n", *STEPS, "running", "staged hand-outs", "busy"], rows)
+    print_table(["kind", "mode", "n", *STEPS, "running", "1st candidate", "socket open", "offer sent",
+                 "staged hand-outs", "busy"], rows)
     print("\neach step alone (ms from the previous step's mark), p50 / p95:")
     rows = []
     for c in cases:

@@ -98,6 +98,9 @@ class NodeAgent:
         # a re-registration lists them, so a broker whose Redis lost its state re-adopts them
         self._claims: dict[str, dict[str, Any]] = {}
         self._starting: dict[str, asyncio.Task[None]] = {}
+        # staged sessions (started for the next user of the pool) handed to a user while still starting:
+        # the start command that names the user, applied once the runtime is up
+        self._binding: dict[str, dict[str, Any]] = {}
         self.gpus: list[GpuInfo] = []
         self._http: aiohttp.ClientSession | None = None
         self._stop = asyncio.Event()
@@ -431,6 +434,8 @@ class NodeAgent:
     def _start_session(self, s: dict[str, Any]) -> None:
         sid = s["id"]
         if sid in self.sessions or sid in self._starting:
+            if s.get("user"):
+                self._bind(s)
             return
         self._starting[sid] = asyncio.create_task(self._run_start(s), name=f"start-{sid}")
 
@@ -450,6 +455,22 @@ class NodeAgent:
             gpu=seat_gpu(s.get("gpu")),
         )
 
+    def _bind(self, s: dict[str, Any]) -> None:
+        """A staged session this node runs (or is starting) was handed to a user: it becomes theirs.
+
+        Same session id, same runtime: display, app and encoder keep running; only what a
+        re-registration claims (the user) changes.  A session still starting takes it once it is up.
+        """
+        sid = s["id"]
+        if sid not in self.sessions:
+            self._binding[sid] = s
+            return
+        gpu = seat_gpu(s.get("gpu"))
+        if sid not in self._claims and gpu is not None:
+            self._claims[sid] = {"user": s["user"], "gpu": gpu, "kind": s.get("kind"),
+                                 "profile": s.get("profile") or None, "started_ms": int(time.time() * 1000)}
+            log.info("staged session %s handed to a user", sid)
+
     async def _run_start(self, s: dict[str, Any]) -> None:
         sid = s["id"]
         rt: SessionRuntime | None = None
@@ -464,6 +485,7 @@ class NodeAgent:
             await self._report(sid, "ended", "start_failed")
             self.health.session_failures += 1
             del self._starting[sid]
+            self._binding.pop(sid, None)
             self._session_gone.set()
             if rt is not None:
                 with contextlib.suppress(Exception):
@@ -471,12 +493,14 @@ class NodeAgent:
             return
         self.sessions[sid] = rt
         del self._starting[sid]
+        s = self._binding.pop(sid, s)  # a staged session handed to a user while it started
         gpu = seat_gpu(s.get("gpu"))
         if gpu is not None and s.get("user"):
             self._claims[sid] = {"user": s["user"], "gpu": gpu, "kind": s.get("kind"),
                                  "profile": s.get("profile") or None, "started_ms": int(time.time() * 1000)}
         log.info(
-            "session %s ready in %.0f ms (%s %dx%d@%d)",
+            "%s %s ready in %.0f ms (%s %dx%d@%d)",
+            "staged session" if s.get("staged") else "session",
             sid,
             (time.monotonic() - t0) * 1000,
             spec.kind,
@@ -506,6 +530,7 @@ class NodeAgent:
     async def _stop_session(self, sid: str, why: str, *, report: bool) -> None:
         rt = self.sessions.pop(sid, None)
         self._claims.pop(sid, None)
+        self._binding.pop(sid, None)
         task = self._starting.pop(sid, None)
         if task is not None:
             task.cancel()
