@@ -59,6 +59,10 @@ from streamer.node.watchdog import Limits
 log = logging.getLogger(__name__)
 
 RETRY_MAX_S = 5.0  # backoff cap for broker reconnects
+# A staged session (started for the next user of the pool) waits this long before it starts, unless
+# a user is handed it meanwhile: the refill the broker asks for when it hands one out would otherwise
+# start its display, app and encoder while that user's viewer connects, on the same CPUs.
+STAGED_START_DELAY_S = 1.0
 
 
 def seat_gpu(raw: object) -> int | None:
@@ -101,6 +105,7 @@ class NodeAgent:
         # staged sessions (started for the next user of the pool) handed to a user while still starting:
         # the start command that names the user, applied once the runtime is up
         self._binding: dict[str, dict[str, Any]] = {}
+        self._bound: dict[str, asyncio.Event] = {}  # set when a staged session waiting to start is handed out
         self.gpus: list[GpuInfo] = []
         self._http: aiohttp.ClientSession | None = None
         self._stop = asyncio.Event()
@@ -464,6 +469,8 @@ class NodeAgent:
         sid = s["id"]
         if sid not in self.sessions:
             self._binding[sid] = s
+            if sid in self._bound:
+                self._bound[sid].set()  # its user waits: start it now
             return
         gpu = seat_gpu(s.get("gpu"))
         if sid not in self._claims and gpu is not None:
@@ -476,6 +483,12 @@ class NodeAgent:
         rt: SessionRuntime | None = None
         t0 = time.monotonic()
         try:
+            if s.get("staged"):
+                bound = self._bound.setdefault(sid, asyncio.Event())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(bound.wait(), STAGED_START_DELAY_S)
+                self._bound.pop(sid, None)
+                t0 = time.monotonic()
             spec = self._spec(s)  # a malformed command fails this session's start, reported like any other
             rt = SessionRuntime(spec, self.runtime_config,
                                 on_event=lambda ev, info: self._on_runtime_event(sid, ev, info))
@@ -531,6 +544,7 @@ class NodeAgent:
         rt = self.sessions.pop(sid, None)
         self._claims.pop(sid, None)
         self._binding.pop(sid, None)
+        self._bound.pop(sid, None)
         task = self._starting.pop(sid, None)
         if task is not None:
             task.cancel()
