@@ -296,8 +296,9 @@ async def _one_session(ctx: Any, base: str, token: str, kind: str) -> tuple[dict
             state = await page.evaluate("() => ({marks: window.__ff && window.__ff.marks, "
                                         "view: document.body.dataset.view})")
             raise RuntimeError(f"no first frame within {STEP_TIMEOUT_S:g} s: {state}") from exc
-        await page.wait_for_function("() => ['seat', 'node', 'ice', 'dtls'].every((k) => k in window.__ff.marks)",
-                                     timeout=5_000)
+        with contextlib.suppress(Exception):  # a step missing (a reconnect after a failure) is reported, not fatal
+            await page.wait_for_function(
+                "() => ['seat', 'node', 'ice', 'dtls'].every((k) => k in window.__ff.marks)", timeout=5_000)
         data = await page.evaluate("() => ({marks: window.__ff.marks, seat: window.__ff.seatState || ''})")
     finally:
         with contextlib.suppress(Exception):  # best effort: the processes are stopped at the end anyway

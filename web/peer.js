@@ -7,7 +7,7 @@
 // built with the session's ICE servers only (an empty list stays empty: no public STUN fallback).
 // We send the offer once our first candidate is gathered (Chromium takes ~130 ms more to declare
 // gathering complete even with host candidates only: time a user waits for the first frame) and
-// trickle the candidates gathered after it, then end-of-candidates; we accept trickled candidates
+// trickle the candidates gathered after it (no end-of-candidates); we accept trickled candidates
 // from the node.  A re-sent offer carries every candidate gathered by then.  A PeerLink is used once: reconnecting means close() and a new one.
 // After close() no handler fires.
 //
@@ -117,12 +117,14 @@ export class PeerLink {
     if (this.ws && this.ws.readyState === WebSocket.OPEN) this.sendOffer();
   }
 
-  /** A candidate we gathered (null: gathering is over): trickled when the offer built before it lacks it. */
+  /** A candidate we gathered: trickled when the offer built before it lacks it.
+   *
+   * No end-of-candidates (null): the node would then declare ICE failed as soon as its own checks to
+   * our candidates fail, before our checks reach it (a peer-reflexive pair: on loopback that is the
+   * pair that works), as a complete offer without a=end-of-candidates never did. */
   localCandidate(candidate) {
-    if (this.closed || !this.offer) return; // not built yet: the offer's SDP will carry it
-    const msg = candidate
-      ? { type: SignalType.CANDIDATE, ...candidate.toJSON() }
-      : { type: SignalType.CANDIDATE, candidate: "" }; // end of candidates
+    if (this.closed || !this.offer || !candidate) return; // not built yet: the offer's SDP will carry it
+    const msg = { type: SignalType.CANDIDATE, ...candidate.toJSON() };
     if (this.offerSent) this.sendSignal(msg);
     else this.trickle.push(msg);
   }
