@@ -69,6 +69,10 @@ POOL_SCHEMA: Final = {
                             description="0 disables the maximum duration"),
     "max_sessions_per_user": Field("int", default=1, minimum=1, maximum=64),
     "allow_resize": Field("bool", default=True),
+    "staged": Field("int", default=0, minimum=0, maximum=64,
+                    description="Sessions kept started on the pool's hosts (display, app and encoder running), "
+                                "not yet any user's: the next users who ask are handed one, and it is refilled. "
+                                "Each holds a seat; 0 stages none"),
     "description": Field("str", default="", max_length=500),
 }
 
@@ -91,6 +95,7 @@ class PoolConfig:
     max_duration_s: int = 8 * 3600
     max_sessions_per_user: int = 1
     allow_resize: bool = True
+    staged: int = 0  # warm sessions kept ready for the next users (see store/lua/prelude.lua, restage)
     description: str = ""
 
     @classmethod

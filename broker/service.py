@@ -388,7 +388,8 @@ class Broker:
         """The ``start`` payload a node needs to run a session."""
         return {"cmd": NodeCommand.START.value, "session": {
             "id": s["id"], "user": s["user"], "pool": s["pool"], "kind": s.get("kind"), "gpu": s.get("gpu"),
-            "profile": s.get("profile"), "ice_servers": self.ice_servers(s["id"])}}
+            "profile": s.get("profile"), "ice_servers": self.ice_servers(s["id"]),
+            "staged": not s.get("user")}}  # a staged session is nobody's (its record state is STAGED_STATE)
 
     async def end_session(self, who: Principal, sid: str) -> dict[str, Any]:
         s = await self._load_session(sid)

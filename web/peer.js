@@ -5,8 +5,10 @@
 // session's sound as Opus; the node answers it inactive where the session has none, e.g. the built-in
 // game) plus the INPUT_CHANNEL_LABEL data channel,
 // built with the session's ICE servers only (an empty list stays empty: no public STUN fallback).
-// We send one complete offer after ICE gathering (no trickle from our side) and accept trickled
-// candidates from the node.  A PeerLink is used once: reconnecting means close() and a new one.
+// We send the offer once our first candidate is gathered (Chromium takes ~130 ms more to declare
+// gathering complete even with host candidates only: time a user waits for the first frame) and
+// trickle the candidates gathered after it (no end-of-candidates); we accept trickled candidates
+// from the node.  A re-sent offer carries every candidate gathered by then.  A PeerLink is used once: reconnecting means close() and a new one.
 // After close() no handler fires.
 //
 // A second channel (probe.js) answers the node's delay probes for its bitrate control.
@@ -31,22 +33,26 @@ import { withToken, wsUrl } from "./common.js";
 import { answerProbes } from "./probe.js";
 import { PlayoutControl, negotiatePlayoutDelay } from "./playout.js";
 
-const ICE_GATHER_TIMEOUT_MS = 4000; // send what we have if gathering stalls (e.g. an unreachable STUN server)
+const FIRST_CANDIDATE_TIMEOUT_MS = 1000; // send the offer without candidates if none comes (the rest trickles)
 const OFFER_RESEND_MS = 10_000; // last resort, only for an offer sent to a running session
 const RUNNING_GRACE_MS = 1500; // after the node reports "running", wait this long for the answer to a held offer
 const NOT_RUNNING_RETRY_MS = 500; // "not_running" although the broker says running: retry soon
 const NO_UDP_PORT_RETRY_MS = 3000; // "no_udp_port": every media port of the node is taken; a session must end first
 
-function iceGatheringComplete(pc, timeoutMs) {
-  if (pc.iceGatheringState === "complete") return Promise.resolve();
+// Resolves once the local description holds a candidate, gathering completed, or timeoutMs passed.
+function firstCandidate(pc, timeoutMs) {
+  const has = () => pc.iceGatheringState === "complete" || /a=candidate:/.test(pc.localDescription.sdp);
+  if (has()) return Promise.resolve();
   return new Promise((resolve) => {
     const done = () => {
       clearTimeout(timer);
+      pc.removeEventListener("icecandidate", check);
       pc.removeEventListener("icegatheringstatechange", check);
       resolve();
     };
-    const check = () => { if (pc.iceGatheringState === "complete") done(); };
+    const check = () => { if (has()) done(); };
     const timer = setTimeout(done, timeoutMs);
+    pc.addEventListener("icecandidate", check);
     pc.addEventListener("icegatheringstatechange", check);
   });
 }
@@ -78,6 +84,8 @@ export class PeerLink {
     this.closed = false;
     this.resendWhenRunning = false;
     this.pendingCandidates = [];
+    this.trickle = []; // our candidates gathered after the offer was built, until it is sent
+    this.offerSent = false;
     this.timer = 0;
   }
 
@@ -105,11 +113,25 @@ export class PeerLink {
       if (e.track.kind === "audio") { if (this.o.on.audio) this.o.on.audio(stream); } else this.o.on.track(stream);
     };
     pc.onconnectionstatechange = () => { if (!this.closed) this.o.on.state(pc.connectionState); };
+    pc.onicecandidate = (e) => this.localCandidate(e.candidate);
+    this.openSignal(); // in parallel with gathering: the offer goes out as soon as both are ready
     await pc.setLocalDescription(await pc.createOffer());
-    await iceGatheringComplete(pc, ICE_GATHER_TIMEOUT_MS);
+    await firstCandidate(pc, FIRST_CANDIDATE_TIMEOUT_MS);
     if (this.closed) return;
     this.offer = { type: SignalType.OFFER, sdp: pc.localDescription.sdp };
-    this.openSignal();
+    if (this.ws && this.ws.readyState === WebSocket.OPEN) this.sendOffer();
+  }
+
+  /** A candidate we gathered: trickled when the offer built before it lacks it.
+   *
+   * No end-of-candidates (null): the node would then declare ICE failed as soon as its own checks to
+   * our candidates fail, before our checks reach it (a peer-reflexive pair: on loopback that is the
+   * pair that works), as a complete offer without a=end-of-candidates never did. */
+  localCandidate(candidate) {
+    if (this.closed || !this.offer || !candidate) return; // not built yet: the offer's SDP will carry it
+    const msg = { type: SignalType.CANDIDATE, ...candidate.toJSON() };
+    if (this.offerSent) this.sendSignal(msg);
+    else this.trickle.push(msg);
   }
 
   get channelOpen() { return Boolean(this.dc && this.dc.readyState === "open"); }
@@ -173,7 +195,12 @@ export class PeerLink {
 
   sendOffer() {
     if (!this.offer || this.closed) return;
+    if (this.offerSent) this.offer.sdp = this.pc.localDescription.sdp; // a copy carries every candidate so far
     this.sendSignal(this.offer);
+    if (!this.offerSent && this.ws && this.ws.readyState === WebSocket.OPEN) {
+      this.offerSent = true;
+      for (const c of this.trickle.splice(0)) this.sendSignal(c);
+    }
     clearTimeout(this.timer);
     if (this.o.starting()) this.resendWhenRunning = true; // the node may hold it until its session runs
     else this.schedule(OFFER_RESEND_MS);

@@ -36,8 +36,16 @@ from broker.errors import Conflict, MalformedBody, NotFound, ValidationError
 from broker.http.api import parse_json, principal, require_host, routes
 from broker.keys_app import BROKER, HUB
 from broker.models import TAB_RE
-from broker.protocol import API_PREFIX, SIGNAL_MAX_BYTES, NodeCommand, Role, SessionState, SignalType
-from broker.store.keys import VIEWER_TAB_RENEW_S
+from broker.protocol import (
+    API_PREFIX,
+    SEATED_STATES,
+    SIGNAL_MAX_BYTES,
+    NodeCommand,
+    Role,
+    SessionState,
+    SignalType,
+)
+from broker.store.keys import STAGED_STATE, VIEWER_TAB_RENEW_S
 
 SIGNAL_TYPES = frozenset(t.value for t in SignalType)
 
@@ -105,7 +113,7 @@ async def node_commands(request: web.Request) -> web.WebSocketResponse:
     async with hub.listen(b.live.keys.chan_node(host_id)) as q:
         host = await b.get_host(host_id)
         for s in await b.live.get_sessions(host["sessions"]):
-            if s["state"] == SessionState.STARTING:
+            if s["state"] in (SessionState.STARTING, STAGED_STATE):
                 await ws.send_json(b.session_command(s))
         pump = asyncio.create_task(_forward(q, ws, b))
         try:
@@ -126,9 +134,14 @@ async def _forward(q: asyncio.Queue[bytes], ws: web.WebSocketResponse, b: Any) -
         msg = json.loads(raw)
         if msg.get("cmd") == NodeCommand.START.value:
             s = await b.live.get_session(msg["session"]["id"])
-            if s is None or s["state"] != SessionState.STARTING:
+            # a start (or a staged one), or a staged session handed to a user (bind: same runtime, now theirs)
+            if s is None or not (s["state"] in (SessionState.STARTING, STAGED_STATE)
+                                 or (msg.get("bind") and s["state"] in SEATED_STATES)):
                 continue
+            bind = bool(msg.get("bind"))
             msg = b.session_command(s)  # add ICE servers / TURN credentials minted per session
+            if bind:
+                msg["bind"] = True
         await ws.send_json(msg)
 
 

@@ -18,6 +18,11 @@ Key map (``P`` is the prefix, default ``rb``)::
                                        exists while the pool has a rollout (the policy is in SQL)
     P:pool:{pool}:avail:{c}     zset   while a rollout exists: the avail index split by version class, c = ``c``
                                        (hosts of the candidate version) or ``s`` (the rest), same scores
+    P:pool:{pool}:staged        zset   the pool's staged sessions (warm, nobody's yet; ``staged`` setting): session
+                                       id -> 0 once its node reported it ready, 1 while it starts; their records
+                                       (state ``staged``, no user) are in no user set, P:live or deadline set
+    P:staged:seq                string counter the ids of staged sessions are derived from (sha1 of prefix,
+                                       counter, time and host)
     P:pool:{pool}:stats         hash   counters: hosts_{state}, seats_total / seats_free (up hosts),
                                        seats_used (hosts not down), s_{state} live sessions by state
     P:hosts                     set    every host id
@@ -81,6 +86,10 @@ AUTOSCALE_LOCK_MIN_TTL_S: Final = 10  # the per-pool leader lock lives max(this,
 # A removed host stays refused this long: well past a provider's stop (SIGTERM, a pod's 30 s grace
 # period) and a node's heartbeat retries, short enough that an id removed by mistake comes back soon.
 RETIRED_HOST_TTL_S: Final = 300
+# The record state (P:session:{id} ``state``) of a staged session: started on a node for the next user of
+# its pool, nobody's yet.  Broker-internal: a user only ever sees it as their own starting or running
+# session (same id), and a node's start command carries ``"staged": true`` for one.
+STAGED_STATE: Final = "staged"
 INDEX_VERSION: Final = "1"  # layout of the P:pool:*:avail/stats and P:due:* indexes; a change rebuilds them
 REAPER_PASS_TTL_S: Final = 86_400  # a reaper-pass stamp nobody renewed for a day is dropped (no grace then)
 RECOVERY_TTL_S: Final = 86_400  # the record of the last state-loss recovery
@@ -124,6 +133,9 @@ class Keys:
     def pool_avail_class(self, name: str, cls: str) -> str:
         """The avail index of one version class (``c`` candidate, ``s`` stable) during a rollout."""
         return f"{self.prefix}:pool:{name}:avail:{cls}"
+
+    def pool_staged(self, name: str) -> str:
+        return f"{self.prefix}:pool:{name}:staged"
 
     def pool_stats(self, name: str) -> str:
         return f"{self.prefix}:pool:{name}:stats"

@@ -482,15 +482,17 @@ class LiveStore:
         return [host_load(h, pool) for h in await self.get_hosts(await self.host_ids(pool.name))]
 
     async def pool_summary(self, pool: PoolConfig) -> dict[str, Any]:
-        """Live seats used/free/total, queue length, hosts and sessions by state for one pool.
+        """Live seats used/free/total, queue length, hosts and sessions by state, staged sessions for one pool.
 
-        Two reads of counters the Lua steps keep (``P:pool:{pool}:stats``), whatever the pool's size.
+        Reads of counters the Lua steps keep (``P:pool:{pool}:stats``), whatever the pool's size.
         Down hosts count until their record is dropped (``DOWN_HOST_TTL_S``).
         """
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(self.keys.pool_stats(pool.name))
             pipe.llen(self.keys.pool_queue(pool.name))
-            raw, qlen = await pipe.execute()
+            pipe.zcard(self.keys.pool_staged(pool.name))
+            pipe.zcount(self.keys.pool_staged(pool.name), 0, 0)
+            raw, qlen, staged, ready = await pipe.execute()
         c = {_s(k): max(0, int(v)) for k, v in raw.items()}
         return {
             "seats_total": c.get("seats_total", 0),
@@ -499,6 +501,8 @@ class LiveStore:
             "queue_length": int(qlen),
             "hosts": {st.value: c.get(f"hosts_{st.value}", 0) for st in HostState},
             "sessions": {s.value: c.get(f"s_{s.value}", 0) for s in SessionState if s != SessionState.ENDED},
+            # warm sessions for the next users (the pool's ``staged`` setting; each holds a seat in seats_used)
+            "staged_sessions": {"target": pool.staged, "ready": int(ready), "starting": int(staged) - int(ready)},
         }
 
     # ---- outbox (live -> SQL) --------------------------------------------------------

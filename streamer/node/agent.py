@@ -65,6 +65,10 @@ log = logging.getLogger(__name__)
 DRAIN_REASON_MAX = 200  # the broker refuses longer drain reasons (broker/http/api.py DRAIN_REASON_MAX)
 
 RETRY_MAX_S = 5.0  # backoff cap for broker reconnects
+# A staged session (started for the next user of the pool) waits this long before it starts, unless
+# a user is handed it meanwhile: the refill the broker asks for when it hands one out would otherwise
+# start its display, app and encoder while that user's viewer connects, on the same CPUs.
+STAGED_START_DELAY_S = 1.0
 
 
 def seat_gpu(raw: object) -> int | None:
@@ -104,6 +108,10 @@ class NodeAgent:
         # a re-registration lists them, so a broker whose Redis lost its state re-adopts them
         self._claims: dict[str, dict[str, Any]] = {}
         self._starting: dict[str, asyncio.Task[None]] = {}
+        # staged sessions (started for the next user of the pool) handed to a user while still starting:
+        # the start command that names the user, applied once the runtime is up
+        self._binding: dict[str, dict[str, Any]] = {}
+        self._bound: dict[str, asyncio.Event] = {}  # set when a staged session waiting to start is handed out
         self.gpus: list[GpuInfo] = []
         self._http: aiohttp.ClientSession | None = None
         self._stop = asyncio.Event()
@@ -489,6 +497,8 @@ class NodeAgent:
     def _start_session(self, s: dict[str, Any]) -> None:
         sid = s["id"]
         if sid in self.sessions or sid in self._starting:
+            if s.get("user"):
+                self._bind(s)
             return
         self._starting[sid] = asyncio.create_task(self._run_start(s), name=f"start-{sid}")
 
@@ -508,11 +518,35 @@ class NodeAgent:
             gpu=seat_gpu(s.get("gpu")),
         )
 
+    def _bind(self, s: dict[str, Any]) -> None:
+        """A staged session this node runs (or is starting) was handed to a user: it becomes theirs.
+
+        Same session id, same runtime: display, app and encoder keep running; only what a
+        re-registration claims (the user) changes.  A session still starting takes it once it is up.
+        """
+        sid = s["id"]
+        if sid not in self.sessions:
+            self._binding[sid] = s
+            if sid in self._bound:
+                self._bound[sid].set()  # its user waits: start it now
+            return
+        gpu = seat_gpu(s.get("gpu"))
+        if sid not in self._claims and gpu is not None:
+            self._claims[sid] = {"user": s["user"], "gpu": gpu, "kind": s.get("kind"),
+                                 "profile": s.get("profile") or None, "started_ms": int(time.time() * 1000)}
+            log.info("staged session %s handed to a user", sid)
+
     async def _run_start(self, s: dict[str, Any]) -> None:
         sid = s["id"]
         rt: SessionRuntime | None = None
         t0 = time.monotonic()
         try:
+            if s.get("staged"):
+                bound = self._bound.setdefault(sid, asyncio.Event())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(bound.wait(), STAGED_START_DELAY_S)
+                self._bound.pop(sid, None)
+                t0 = time.monotonic()
             spec = self._spec(s)  # a malformed command fails this session's start, reported like any other
             rt = SessionRuntime(spec, self.runtime_config,
                                 on_event=lambda ev, info: self._on_runtime_event(sid, ev, info))
@@ -525,6 +559,7 @@ class NodeAgent:
             await self._report(sid, "ended", "start_failed")
             self.health.session_failures += 1
             del self._starting[sid]
+            self._binding.pop(sid, None)
             self._session_gone.set()
             if rt is not None:
                 with contextlib.suppress(Exception):
@@ -532,12 +567,14 @@ class NodeAgent:
             return
         self.sessions[sid] = rt
         del self._starting[sid]
+        s = self._binding.pop(sid, s)  # a staged session handed to a user while it started
         gpu = seat_gpu(s.get("gpu"))
         if gpu is not None and s.get("user"):
             self._claims[sid] = {"user": s["user"], "gpu": gpu, "kind": s.get("kind"),
                                  "profile": s.get("profile") or None, "started_ms": int(time.time() * 1000)}
         log.info(
-            "session %s ready in %.0f ms (%s %dx%d@%d)",
+            "%s %s ready in %.0f ms (%s %dx%d@%d)",
+            "staged session" if s.get("staged") else "session",
             sid,
             (time.monotonic() - t0) * 1000,
             spec.kind,
@@ -567,6 +604,8 @@ class NodeAgent:
     async def _stop_session(self, sid: str, why: str, *, report: bool) -> None:
         rt = self.sessions.pop(sid, None)
         self._claims.pop(sid, None)
+        self._binding.pop(sid, None)
+        self._bound.pop(sid, None)
         task = self._starting.pop(sid, None)
         if task is not None:
             task.cancel()

@@ -21,6 +21,7 @@ from broker.lifecycle import SessionClock, Timeouts, max_duration_end_ms, next_d
 from broker.models import Gpu, PoolConfig
 from broker.placement import HostLoad
 from broker.protocol import HostState, SessionState
+from broker.store.keys import STAGED_STATE
 from broker.store.live import LiveStore, host_load
 
 S = SessionState
@@ -32,6 +33,8 @@ async def recount(store: LiveStore, cfg: PoolConfig) -> dict[str, Any]:
     hosts = [h for h in await store.get_hosts(await store.host_ids()) if h["pool"] == cfg.name]
     loads = [host_load(h, cfg) for h in hosts]
     sessions = [s for s in await store.get_sessions(await store.live_session_ids()) if s["pool"] == cfg.name]
+    staged = [s for h in hosts for s in await store.get_sessions(h["sessions"]) if s["state"] == STAGED_STATE]
+    ready = sum(1 for s in staged if s["state_ms"] > 0)  # its node reported it ready
     return {
         "seats_total": sum(h.seats for h in loads if h.state == HostState.UP),
         "seats_used": sum(h.used for h in loads if h.state != HostState.DOWN),
@@ -39,6 +42,7 @@ async def recount(store: LiveStore, cfg: PoolConfig) -> dict[str, Any]:
         "queue_length": await store.queue_length(cfg.name),
         "hosts": {st.value: sum(1 for h in hosts if h["state"] == st) for st in HostState},
         "sessions": {st.value: sum(1 for s in sessions if s["state"] == st) for st in S if st != S.ENDED},
+        "staged_sessions": {"target": cfg.staged, "ready": ready, "starting": len(staged) - ready},
     }
 
 

@@ -1,6 +1,7 @@
 -- ARGV: prefix, session_id, user, pool, profile_json, now_ms
 -- Returns {status, session_id, queue_position or '', session hash fields...} with status one of
 -- seated | queued | existing | unknown_pool | queue_full (the hash saves the caller a round trip).
+-- seated may name another id than ARGV's: a staged session handed to the user (same record, now theirs).
 local sid, user, pool, profile, now = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local cfg = pool_cfg(pool)
 if cfg == nil then return {'unknown_pool', ''} end
@@ -37,8 +38,28 @@ end
 
 local qkey = k_queue(pool)
 local qlen = redis.call('LLEN', qkey)
+-- The pool's staged sessions (its ``staged`` setting): one that fits is handed out, then refilled.
+local has_staged = redis.call('EXISTS', k_staged(pool)) == 1
+if qlen == 0 and has_staged then
+  local staged = pick_staged(pool, cfg, cjson.decode(profile))
+  if staged ~= nil then
+    hand_out(staged, user, pool, now)
+    restage(pool, now)
+    local out = {'seated', staged, ''}
+    for _, v in ipairs(redis.call('HGETALL', k_session(staged))) do table.insert(out, v) end
+    return out
+  end
+end
 local host, gpu = nil, nil
 if qlen == 0 then host, gpu = pick(pool, rollout_pref(pool)) end  -- FIFO: nobody jumps a non-empty queue
+if host == nil and qlen == 0 and has_staged then
+  -- full, and no staged session fits this user: a staged seat yields to the user (no refill while full)
+  local victim = redis.call('ZRANGE', k_staged(pool), -1, -1)[1]
+  if victim then
+    drop_staged(victim, hgetall(k_session(victim)), 'yielded')
+    host, gpu = pick(pool)
+  end
+end
 if host == nil and qlen >= tonumber(cfg['max_queue']) then return {'queue_full', ''} end
 
 redis.call('HSET', k_session(sid), 'user', user, 'pool', pool, 'kind', cfg['kind'], 'profile', profile,

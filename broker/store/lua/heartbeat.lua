@@ -33,6 +33,8 @@ for i = 0, n - 1 do
   if mine[sid] then s = read_clock(sid) end
   if s == nil or s.state == 'ended' then
     table.insert(stop, sid)  -- the broker ended it (or never had it here): the node must stop it
+  elseif s.state == 'staged' then
+    staged_ready(sid, s.pool, now)
   else
     local changed = false
     if (st == 'running' or st == 'disconnected') and st ~= s.state then
@@ -52,14 +54,19 @@ end
 for sid, _ in pairs(mine) do
   if not reported[sid] then
     local r = redis.call('HMGET', k_session(sid), 'state', 'state_ms', 'user', 'pool', 'kind', 'gpu', 'profile')
-    if r[1] == 'starting' then
+    if r[1] == 'starting' or (r[1] == 'staged' and num(r[2]) == 0) then
       table.insert(start, {sid, r[3] or '', r[4] or '', r[5] or '', r[6] or '', r[7] or ''})
+    elseif r[1] == 'staged' and num(r[2]) < prev then
+      end_session(sid, 'node_ended', now)  -- was ready, the node no longer runs it: dropped (restaged below)
     elseif (r[1] == 'running' or r[1] == 'disconnected') and num(r[2]) < prev then
       if end_session(sid, 'node_ended', now) ~= nil then table.insert(ended, sid) end
     end
   end
 end
 if #ended > 0 and pool then pump(pool, now) end
+if pool and (num(redis.call('HGET', k_pool(pool), 'staged')) > 0 or redis.call('EXISTS', k_staged(pool)) == 1) then
+  restage(pool, now)  -- a staged session that could not be placed before (no seat, a queue) is retried
+end
 local out = {'ok', #stop}
 for _, sid in ipairs(stop) do table.insert(out, sid) end
 table.insert(out, #ended)

@@ -6,9 +6,16 @@ local f = redis.call('HMGET', key, 'state', 'pool')
 if f[1] == false then return {'not_found'} end
 if f[1] == 'down' then return {'down'} end
 redis.call('HSET', key, 'state', new)
+if new == 'draining' then  -- a draining host keeps no staged session: they go elsewhere
+  for _, sid in ipairs(redis.call('SMEMBERS', k_host_sessions(h))) do
+    local s = hgetall(k_session(sid))
+    if s['state'] == 'staged' then drop_staged(sid, s, 'host_draining') end
+  end
+end
 refresh_host(h)
 local out = {'ok'}
 if new == 'up' then
   for _, s in ipairs(pump(f[2], now)) do table.insert(out, s) end
 end
+restage(f[2], now)
 return out

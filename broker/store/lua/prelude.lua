@@ -25,6 +25,8 @@ local function k_avail(n) return P .. ':pool:' .. n .. ':avail' end
 local function k_rollout(n) return P .. ':pool:' .. n .. ':rollout' end
 local function k_avail_class(n, c) return P .. ':pool:' .. n .. ':avail:' .. c end
 local function k_stats(n) return P .. ':pool:' .. n .. ':stats' end
+-- staged sessions (warm, not yet any user's): id -> 0 once its node reported it ready, 1 while starting
+local function k_staged(n) return P .. ':pool:' .. n .. ':staged' end
 local function k_hosts() return P .. ':hosts' end
 local function k_host(h) return P .. ':host:' .. h end
 local function k_lease(h) return P .. ':host:' .. h .. ':lease' end
@@ -329,7 +331,7 @@ end
 
 local function schedule(sid)
   local s = read_clock(sid)
-  if s == nil or s.state == 'ended' then
+  if s == nil or s.state == 'ended' or s.state == 'staged' then  -- a staged session has no timeouts
     schedule_with(sid, nil, nil)
     schedule_warn(sid, nil, nil)
     return
@@ -408,13 +410,34 @@ local function apply_state(sid, s, new, now)
   return 'ok'
 end
 
+-- Drop a staged session (record ``s``): free its seat, tell its node to stop it, forget it.  It was
+-- never anyone's, so nothing is recorded (no outbox record, no user or live set, no deadlines).
+local function drop_staged(sid, s, reason)
+  local host, pool = s['host'], s['pool']
+  if host ~= nil and host ~= '' then
+    if redis.call('SREM', k_host_sessions(host), sid) == 1 then
+      local left = redis.call('HINCRBY', k_host(host), 'u:' .. s['gpu'], -1)
+      if left < 0 then redis.call('HSET', k_host(host), 'u:' .. s['gpu'], 0) end
+      refresh_host(host)
+    end
+    redis.call('PUBLISH', c_node(host), cjson.encode({cmd = 'stop', session_id = sid, reason = reason}))
+  end
+  if pool ~= nil then redis.call('ZREM', k_staged(pool), sid) end
+  redis.call('DEL', k_session(sid))
+end
+
 -- End one session: free its seat or queue slot, record it, tell its node.
--- Returns the pool when something changed, nil when the session was not live.
+-- Returns the pool when something changed, nil when the session was not live; a staged session is
+-- dropped (status ``dropped``: it ends as if it never existed).
 local function end_session(sid, reason, now)
   local key = k_session(sid)
   local s = hgetall(key)
   if s['state'] == nil then return nil, 'not_found' end
   if s['state'] == 'ended' then return nil, 'already_ended' end
+  if s['state'] == 'staged' then
+    drop_staged(sid, s, reason)
+    return s['pool'], 'dropped'
+  end
   local pool = s['pool']
   if s['state'] == 'queued' then
     redis.call('LREM', k_queue(pool), 0, sid)
@@ -447,8 +470,8 @@ local function mark_down(h, now, down_ttl_s)
   local key = k_host(h)
   local out = {}
   for _, sid in ipairs(redis.call('SMEMBERS', k_host_sessions(h))) do
-    end_session(sid, 'host_lost', now)
-    table.insert(out, sid)
+    local _, st = end_session(sid, 'host_lost', now)
+    if st ~= 'dropped' then table.insert(out, sid) end  -- a staged session was nobody's
   end
   redis.call('DEL', k_host_sessions(h), k_lease(h))
   for _, i in ipairs(split(redis.call('HGET', key, 'g'))) do redis.call('HSET', key, 'u:' .. i, 0) end
@@ -461,4 +484,107 @@ local function mark_down(h, now, down_ttl_s)
   redis.call('ZREM', k_due_leases(), h)
   redis.call('ZADD', k_due_purge(), now + down_ttl_s * 1000, h)
   return out
+end
+
+-- ---- staged sessions (a pool's ``staged`` setting) -----------------------------------------------
+-- A staged session is a seat like any other (u:{gpu}, the host's session set, so placement, counters
+-- and the autoscaler see it) whose record has state 'staged' and no user: its node starts display,
+-- app and encoder at once.  It is in no user set, not in P:live, has no deadlines and writes nothing
+-- to the outbox, so it never reaches anyone's session list or history until create_session hands
+-- it to a user (then it becomes that user's session, same id, with a start record).
+
+-- The profile a pool's staged sessions run (the web client's: 30 fps desktops, 60 fps games).
+local function staged_profile(cfg)
+  local fps = 30
+  if cfg['kind'] == 'game' then fps = 60 end
+  return {width = 1280, height = 720, fps = fps, codec = 'auto'}
+end
+
+-- The node reported staged session ``sid`` ready (running, or listed in a heartbeat).
+local function staged_ready(sid, pool, now)
+  if redis.call('ZADD', k_staged(pool), 'XX', 'CH', 0, sid) == 1 then
+    redis.call('HSET', k_session(sid), 'state_ms', now)
+  end
+end
+
+-- Keep the pool's staged sessions at its ``staged`` setting: drop the extra (still starting first,
+-- then the newest ids), and stage new ones on free seats while nobody queues (a queued user comes
+-- first).  Returns the ids staged.
+local function restage(pool, now)
+  local cfg = pool_cfg(pool)
+  if cfg == nil then return {} end
+  local want = num(cfg['staged'])
+  local key = k_staged(pool)
+  local have = redis.call('ZCARD', key)
+  while have > want do
+    local sid = redis.call('ZRANGE', key, -1, -1)[1]
+    local s = hgetall(k_session(sid))
+    if s['state'] == 'staged' then drop_staged(sid, s, 'unstaged') else redis.call('ZREM', key, sid) end
+    have = have - 1
+  end
+  local out = {}
+  if have >= want or redis.call('LLEN', k_queue(pool)) > 0 then return out end
+  local profile = cjson.encode(staged_profile(cfg))
+  while have < want do
+    local host, gpu = pick(pool)
+    if host == nil then break end
+    local sid = string.sub(redis.sha1hex(P .. ':staged:' .. redis.call('INCR', P .. ':staged:seq') .. ':' .. now
+                                         .. ':' .. host), 1, 32)
+    local hkey = k_host(host)
+    redis.call('HINCRBY', hkey, 'u:' .. gpu, 1)
+    refresh_host(host)
+    redis.call('SADD', k_host_sessions(host), sid)
+    local hf = redis.call('HMGET', hkey, 'address', 'version')
+    redis.call('HSET', k_session(sid), 'user', '', 'pool', pool, 'kind', cfg['kind'], 'profile', profile,
+               'state', 'staged', 'created_ms', now, 'host', host, 'gpu', tostring(gpu), 'address', hf[1] or '',
+               'host_version', hf[2] or '', 'seated_ms', now, 'started_ms', 0, 'last_active_ms', now,
+               'disconnected_ms', 0, 'ended_ms', 0, 'end_reason', '', 'state_ms', 0)
+    redis.call('ZADD', key, 1, sid)
+    redis.call('PUBLISH', c_node(host), cjson.encode({cmd = 'start', session = session_view(sid)}))
+    have = have + 1
+    table.insert(out, sid)
+  end
+  return out
+end
+
+-- A staged session of ``pool`` for a user asking for ``profile`` (decoded): ready ones first, on a
+-- host that is up with a live lease; the size may differ where the desktop can be resized (the
+-- client sends its size once the first frame shows).  Returns the id or nil.
+local function pick_staged(pool, cfg, profile)
+  local want = staged_profile(cfg)
+  if (profile['fps'] or want.fps) ~= want.fps or (profile['codec'] or 'auto') ~= want.codec then return nil end
+  local resizable = cfg['kind'] ~= 'game' and cfg['allow_resize'] == 'true'
+  if not resizable and ((profile['width'] or want.width) ~= want.width
+                        or (profile['height'] or want.height) ~= want.height) then
+    return nil
+  end
+  for _, sid in ipairs(redis.call('ZRANGE', k_staged(pool), 0, -1)) do
+    local f = redis.call('HMGET', k_session(sid), 'state', 'host')
+    if f[1] == 'staged' and redis.call('HGET', k_host(f[2]), 'state') == 'up'
+        and redis.call('EXISTS', k_lease(f[2])) == 1 then
+      return sid
+    end
+  end
+  return nil
+end
+
+-- Hand staged session ``sid`` to ``user``: it becomes the user's seated session (running when its
+-- node reported it ready, else starting), recorded and scheduled like a seating; the node is told to
+-- bind it (same id: display, app and encoder keep running).
+local function hand_out(sid, user, pool, now)
+  local key = k_session(sid)
+  local ready = redis.call('ZSCORE', k_staged(pool), sid) == '0'
+  redis.call('ZREM', k_staged(pool), sid)
+  local state = 'starting'
+  if ready then state = 'running' end
+  redis.call('HSET', key, 'user', user, 'state', state, 'created_ms', now, 'seated_ms', now, 'last_active_ms', now,
+             'state_ms', now, 'started_ms', ready and now or 0)
+  redis.call('SADD', k_user(user, pool), sid)
+  redis.call('SADD', k_live(), sid)
+  count_session(pool, nil, state)
+  schedule(sid)
+  local s = session_view(sid)
+  redis.call('RPUSH', k_outbox(), cjson.encode({kind = 'start', session = s, ts_ms = now}))
+  redis.call('PUBLISH', c_node(s['host']), cjson.encode({cmd = 'start', session = s, bind = true}))
+  publish_state(sid, state, {host = s['host']})
 end

@@ -29,4 +29,5 @@ if existed == 1 then
   end
 end
 for _, s in ipairs(pump(pool, now)) do table.insert(out, s) end
+restage(pool, now)  -- the staged setting: stage more on free seats, or drop the extra
 return out

@@ -28,4 +28,5 @@ redis.call('ZREM', k_due_purge(), h)
 refresh_host(h)
 local out = {'registered'}
 for _, s in ipairs(pump(pool, now)) do table.insert(out, s) end
+restage(pool, now)
 return out

@@ -9,7 +9,7 @@ redis.call('DEL', k_avail(pool), k_stats(pool), k_avail_class(pool, 'c'), k_avai
 local nh, ns = 0, 0
 local function index_session(sid)
   local s = read_clock(sid)
-  if s ~= nil and s.state ~= 'ended' then
+  if s ~= nil and s.state ~= 'ended' and s.state ~= 'staged' then
     count_session(pool, nil, s.state)
     ns = ns + 1
   end
