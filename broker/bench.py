@@ -7,7 +7,10 @@ client loop in this process:
    queues; each client loop does POST /api/v1/sessions (the measured seat
    step: auth, validation, one Lua script, JSON) then DELETE it (not measured);
 2. a bare aiohttp app whose handler does one Redis call (INCR), the floor any
-   Redis-backed HTTP service pays on this machine.
+   Redis-backed HTTP service pays on this machine; the client loop likewise
+   follows each POST with a DELETE (one Redis call, DECR; not measured), so both
+   servers serve the same request mix and throughput is counted the same way
+   (POST time only).
 
 The ratio of the two shows the broker's own overhead.  Redis: the URL given,
 else the system one on 127.0.0.1:6379, else an embedded redis-server.
@@ -135,7 +138,11 @@ def _bare_app(redis_url: str) -> web.Application:
 
     async def handler(request: web.Request) -> web.Response:
         n = await request.app[key].incr("bench:bare")
-        return web.json_response({"n": n}, status=201)
+        return web.json_response({"id": f"{n:032x}"}, status=201)
+
+    async def end(request: web.Request) -> web.Response:
+        n = await request.app[key].decr("bench:bare")
+        return web.json_response({"id": request.match_info["sid"], "n": n})
 
     async def ready(_r: web.Request) -> web.Response:
         return web.json_response({})
@@ -143,6 +150,7 @@ def _bare_app(redis_url: str) -> web.Application:
     app = web.Application()
     app.cleanup_ctx.append(ctx)
     app.router.add_post("/seat", handler)
+    app.router.add_delete("/seat/{sid}", end)
     app.router.add_get("/readyz", ready)
     return app
 
@@ -158,11 +166,19 @@ async def bench_bare(redis_url: str, clients: int, duration_s: float) -> tuple[f
             class Bare(OneCall):
                 async def __call__(self, i: int) -> None:
                     async with http.post(f"{base}/seat", json={"pool": "bench"}) as r:
+                        sid = (await r.json())["id"]
+                    t = time.perf_counter()
+                    async with http.delete(f"{base}/seat/{sid}") as r:
                         await r.read()
+                    self.ended += time.perf_counter() - t
 
+                ended = 0.0
+
+            bare = Bare()
             t0 = time.perf_counter()
-            n, lat = await _drive(clients, duration_s, Bare())
-            return n / (time.perf_counter() - t0), lat
+            n, lat = await _drive(clients, duration_s, bare)
+            busy = time.perf_counter() - t0 - bare.ended / clients  # the same accounting as the broker's
+            return n / busy, lat
     finally:
         await terminate_group(proc)
 
@@ -192,13 +208,13 @@ async def main(argv: Sequence[str]) -> int:
     try:
         print(f"redis: {url}   duration per run: {a.duration_s:.0f} s   cores: {os.cpu_count()}")
         print(f"{'clients':>7} | {'broker seat/s':>13} {'p50 ms':>7} {'p99 ms':>7} | {'bare req/s':>10} "
-              f"{'p50 ms':>7} {'p99 ms':>7} | {'throughput ratio':>16} {'p50 ratio':>9}")
+              f"{'p50 ms':>7} {'p99 ms':>7} | {'throughput ratio':>16} {'p50 ratio':>9} {'p99 ratio':>9}")
         for c in a.clients:
             bt, bl = await bench_broker(url, c, a.duration_s)
             rt, rl = await bench_bare(url, c, a.duration_s)
             print(f"{c:>7} | {bt:>13.0f} {_pct(bl, .5) * 1e3:>7.2f} {_pct(bl, .99) * 1e3:>7.2f} | {rt:>10.0f} "
                   f"{_pct(rl, .5) * 1e3:>7.2f} {_pct(rl, .99) * 1e3:>7.2f} | {bt / rt:>16.2f} "
-                  f"{_pct(bl, .5) / _pct(rl, .5):>9.2f}", flush=True)
+                  f"{_pct(bl, .5) / _pct(rl, .5):>9.2f} {_pct(bl, .99) / _pct(rl, .99):>9.2f}", flush=True)
     finally:
         if embedded:
             await embedded.stop()
