@@ -27,6 +27,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
@@ -38,6 +39,26 @@ from rbcommon.procs import terminate_group
 def _pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far; NaN where /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+@dataclass
+class Run:
+    """One server's run: seat steps per second of POST time, POST latencies, and the server process's
+    CPU per loop iteration (POST + DELETE): the cost the other processes sharing the cores cannot skew."""
+
+    per_s: float
+    lat: list[float]
+    cpu_ms: float
 
 
 async def _wait(url: str, timeout_s: float = 30) -> None:
@@ -75,7 +96,7 @@ class OneCall:
     async def __call__(self, i: int) -> None: ...
 
 
-async def bench_broker(redis_url: str, clients: int, duration_s: float) -> tuple[float, list[float]]:
+async def bench_broker(redis_url: str, clients: int, duration_s: float) -> Run:
     port = free_port()
     admin, node = uuid.uuid4().hex, uuid.uuid4().hex
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,13 +135,13 @@ async def bench_broker(redis_url: str, clients: int, duration_s: float) -> tuple
                     ended = 0.0
 
                 seat = Seat()
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), _cpu_s(proc.pid)
                 n, lat = await _drive(clients, duration_s, seat)
-                wall = time.perf_counter() - t0
+                wall, cpu = time.perf_counter() - t0, _cpu_s(proc.pid) - cpu0
             # DELETE time is excluded from latency but shares the wall clock: count seat steps per
             # second of POST time only, i.e. as if the client did nothing else
             busy = wall - seat.ended / clients
-            return n / busy, lat
+            return Run(n / busy, lat, cpu / max(n, 1) * 1e3)
         finally:
             await terminate_group(proc)
 
@@ -155,7 +176,7 @@ def _bare_app(redis_url: str) -> web.Application:
     return app
 
 
-async def bench_bare(redis_url: str, clients: int, duration_s: float) -> tuple[float, list[float]]:
+async def bench_bare(redis_url: str, clients: int, duration_s: float) -> Run:
     port = free_port()
     proc = await _spawn([sys.executable, "-m", "broker.bench", "--bare-server", str(port), "--redis-url", redis_url],
                         {})
@@ -175,10 +196,11 @@ async def bench_bare(redis_url: str, clients: int, duration_s: float) -> tuple[f
                 ended = 0.0
 
             bare = Bare()
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), _cpu_s(proc.pid)
             n, lat = await _drive(clients, duration_s, bare)
-            busy = time.perf_counter() - t0 - bare.ended / clients  # the same accounting as the broker's
-            return n / busy, lat
+            wall, cpu = time.perf_counter() - t0, _cpu_s(proc.pid) - cpu0
+            busy = wall - bare.ended / clients  # the same accounting as the broker's
+            return Run(n / busy, lat, cpu / max(n, 1) * 1e3)
     finally:
         await terminate_group(proc)
 
@@ -207,14 +229,18 @@ async def main(argv: Sequence[str]) -> int:
             url = await embedded.start()
     try:
         print(f"redis: {url}   duration per run: {a.duration_s:.0f} s   cores: {os.cpu_count()}")
-        print(f"{'clients':>7} | {'broker seat/s':>13} {'p50 ms':>7} {'p99 ms':>7} | {'bare req/s':>10} "
-              f"{'p50 ms':>7} {'p99 ms':>7} | {'throughput ratio':>16} {'p50 ratio':>9} {'p99 ratio':>9}")
+        print(f"{'clients':>7} | {'broker seat/s':>13} {'p50 ms':>7} {'p99 ms':>7} {'cpu ms':>6} | "
+              f"{'bare req/s':>10} {'p50 ms':>7} {'p99 ms':>7} {'cpu ms':>6} | {'throughput':>10} {'p99':>5} "
+              f"{'cpu':>5}")
         for c in a.clients:
-            bt, bl = await bench_broker(url, c, a.duration_s)
-            rt, rl = await bench_bare(url, c, a.duration_s)
-            print(f"{c:>7} | {bt:>13.0f} {_pct(bl, .5) * 1e3:>7.2f} {_pct(bl, .99) * 1e3:>7.2f} | {rt:>10.0f} "
-                  f"{_pct(rl, .5) * 1e3:>7.2f} {_pct(rl, .99) * 1e3:>7.2f} | {bt / rt:>16.2f} "
-                  f"{_pct(bl, .5) / _pct(rl, .5):>9.2f} {_pct(bl, .99) / _pct(rl, .99):>9.2f}", flush=True)
+            b = await bench_broker(url, c, a.duration_s)
+            r = await bench_bare(url, c, a.duration_s)
+            print(f"{c:>7} | {b.per_s:>13.0f} {_pct(b.lat, .5) * 1e3:>7.2f} {_pct(b.lat, .99) * 1e3:>7.2f} "
+                  f"{b.cpu_ms:>6.3f} | {r.per_s:>10.0f} {_pct(r.lat, .5) * 1e3:>7.2f} {_pct(r.lat, .99) * 1e3:>7.2f} "
+                  f"{r.cpu_ms:>6.3f} | {b.per_s / r.per_s:>10.2f} {_pct(b.lat, .99) / _pct(r.lat, .99):>5.2f} "
+                  f"{r.cpu_ms / b.cpu_ms:>5.2f}", flush=True)
+        print("throughput, p99: broker / bare; cpu: bare / broker server CPU per iteration (POST + DELETE), "
+              "the throughput ratio where each server is the bottleneck")
     finally:
         if embedded:
             await embedded.stop()
