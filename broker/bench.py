@@ -7,7 +7,10 @@ client loop in this process:
    queues; each client loop does POST /api/v1/sessions (the measured seat
    step: auth, validation, one Lua script, JSON) then DELETE it (not measured);
 2. a bare aiohttp app whose handler does one Redis call (INCR), the floor any
-   Redis-backed HTTP service pays on this machine.
+   Redis-backed HTTP service pays on this machine; the client loop likewise
+   follows each POST with a DELETE (one Redis call, DECR; not measured), so both
+   servers serve the same request mix and throughput is counted the same way
+   (POST time only).
 
 The ratio of the two shows the broker's own overhead.  Redis: the URL given,
 else the system one on 127.0.0.1:6379, else an embedded redis-server.
@@ -24,6 +27,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
@@ -35,6 +39,26 @@ from rbcommon.procs import terminate_group
 def _pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far; NaN where /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+@dataclass
+class Run:
+    """One server's run: seat steps per second of POST time, POST latencies, and the server process's
+    CPU per loop iteration (POST + DELETE): the cost the other processes sharing the cores cannot skew."""
+
+    per_s: float
+    lat: list[float]
+    cpu_ms: float
 
 
 async def _wait(url: str, timeout_s: float = 30) -> None:
@@ -72,7 +96,7 @@ class OneCall:
     async def __call__(self, i: int) -> None: ...
 
 
-async def bench_broker(redis_url: str, clients: int, duration_s: float) -> tuple[float, list[float]]:
+async def bench_broker(redis_url: str, clients: int, duration_s: float) -> Run:
     port = free_port()
     admin, node = uuid.uuid4().hex, uuid.uuid4().hex
     with tempfile.TemporaryDirectory() as tmp:
@@ -111,13 +135,13 @@ async def bench_broker(redis_url: str, clients: int, duration_s: float) -> tuple
                     ended = 0.0
 
                 seat = Seat()
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), _cpu_s(proc.pid)
                 n, lat = await _drive(clients, duration_s, seat)
-                wall = time.perf_counter() - t0
+                wall, cpu = time.perf_counter() - t0, _cpu_s(proc.pid) - cpu0
             # DELETE time is excluded from latency but shares the wall clock: count seat steps per
             # second of POST time only, i.e. as if the client did nothing else
             busy = wall - seat.ended / clients
-            return n / busy, lat
+            return Run(n / busy, lat, cpu / max(n, 1) * 1e3)
         finally:
             await terminate_group(proc)
 
@@ -135,7 +159,11 @@ def _bare_app(redis_url: str) -> web.Application:
 
     async def handler(request: web.Request) -> web.Response:
         n = await request.app[key].incr("bench:bare")
-        return web.json_response({"n": n}, status=201)
+        return web.json_response({"id": f"{n:032x}"}, status=201)
+
+    async def end(request: web.Request) -> web.Response:
+        n = await request.app[key].decr("bench:bare")
+        return web.json_response({"id": request.match_info["sid"], "n": n})
 
     async def ready(_r: web.Request) -> web.Response:
         return web.json_response({})
@@ -143,11 +171,12 @@ def _bare_app(redis_url: str) -> web.Application:
     app = web.Application()
     app.cleanup_ctx.append(ctx)
     app.router.add_post("/seat", handler)
+    app.router.add_delete("/seat/{sid}", end)
     app.router.add_get("/readyz", ready)
     return app
 
 
-async def bench_bare(redis_url: str, clients: int, duration_s: float) -> tuple[float, list[float]]:
+async def bench_bare(redis_url: str, clients: int, duration_s: float) -> Run:
     port = free_port()
     proc = await _spawn([sys.executable, "-m", "broker.bench", "--bare-server", str(port), "--redis-url", redis_url],
                         {})
@@ -158,11 +187,20 @@ async def bench_bare(redis_url: str, clients: int, duration_s: float) -> tuple[f
             class Bare(OneCall):
                 async def __call__(self, i: int) -> None:
                     async with http.post(f"{base}/seat", json={"pool": "bench"}) as r:
+                        sid = (await r.json())["id"]
+                    t = time.perf_counter()
+                    async with http.delete(f"{base}/seat/{sid}") as r:
                         await r.read()
+                    self.ended += time.perf_counter() - t
 
-            t0 = time.perf_counter()
-            n, lat = await _drive(clients, duration_s, Bare())
-            return n / (time.perf_counter() - t0), lat
+                ended = 0.0
+
+            bare = Bare()
+            t0, cpu0 = time.perf_counter(), _cpu_s(proc.pid)
+            n, lat = await _drive(clients, duration_s, bare)
+            wall, cpu = time.perf_counter() - t0, _cpu_s(proc.pid) - cpu0
+            busy = wall - bare.ended / clients  # the same accounting as the broker's
+            return Run(n / busy, lat, cpu / max(n, 1) * 1e3)
     finally:
         await terminate_group(proc)
 
@@ -191,14 +229,18 @@ async def main(argv: Sequence[str]) -> int:
             url = await embedded.start()
     try:
         print(f"redis: {url}   duration per run: {a.duration_s:.0f} s   cores: {os.cpu_count()}")
-        print(f"{'clients':>7} | {'broker seat/s':>13} {'p50 ms':>7} {'p99 ms':>7} | {'bare req/s':>10} "
-              f"{'p50 ms':>7} {'p99 ms':>7} | {'throughput ratio':>16} {'p50 ratio':>9}")
+        print(f"{'clients':>7} | {'broker seat/s':>13} {'p50 ms':>7} {'p99 ms':>7} {'cpu ms':>6} | "
+              f"{'bare req/s':>10} {'p50 ms':>7} {'p99 ms':>7} {'cpu ms':>6} | {'throughput':>10} {'p99':>5} "
+              f"{'cpu':>5}")
         for c in a.clients:
-            bt, bl = await bench_broker(url, c, a.duration_s)
-            rt, rl = await bench_bare(url, c, a.duration_s)
-            print(f"{c:>7} | {bt:>13.0f} {_pct(bl, .5) * 1e3:>7.2f} {_pct(bl, .99) * 1e3:>7.2f} | {rt:>10.0f} "
-                  f"{_pct(rl, .5) * 1e3:>7.2f} {_pct(rl, .99) * 1e3:>7.2f} | {bt / rt:>16.2f} "
-                  f"{_pct(bl, .5) / _pct(rl, .5):>9.2f}", flush=True)
+            b = await bench_broker(url, c, a.duration_s)
+            r = await bench_bare(url, c, a.duration_s)
+            print(f"{c:>7} | {b.per_s:>13.0f} {_pct(b.lat, .5) * 1e3:>7.2f} {_pct(b.lat, .99) * 1e3:>7.2f} "
+                  f"{b.cpu_ms:>6.3f} | {r.per_s:>10.0f} {_pct(r.lat, .5) * 1e3:>7.2f} {_pct(r.lat, .99) * 1e3:>7.2f} "
+                  f"{r.cpu_ms:>6.3f} | {b.per_s / r.per_s:>10.2f} {_pct(b.lat, .99) / _pct(r.lat, .99):>5.2f} "
+                  f"{r.cpu_ms / b.cpu_ms:>5.2f}", flush=True)
+        print("throughput, p99: broker / bare; cpu: bare / broker server CPU per iteration (POST + DELETE), "
+              "the throughput ratio where each server is the bottleneck")
     finally:
         if embedded:
             await embedded.stop()

@@ -396,13 +396,18 @@ class Broker:
         self.check_owner(who, s)
         reason = EndReason.ADMIN if who.role == Role.ADMIN else (
             EndReason.CANCELLED if s["state"] == SessionState.QUEUED else EndReason.USER)
-        await self.end_session_internal(sid, reason, f"ended by {who.role}")
+        now = self.clock()
+        status = await self.end_session_internal(sid, reason, f"ended by {who.role}", now)
         if who.role == Role.ADMIN:
             await self.repo.audit(self.clock(), who.name, who.role, "session.end", sid, {"user": s["user"]})
+        if status == "ended":  # the step wrote exactly these fields: no second read of the record
+            return await self.session_view(sid, {**s, "state": SessionState.ENDED.value, "ended_ms": now,
+                                                 "end_reason": str(reason)})
         return await self.session_view(sid)
 
-    async def end_session_internal(self, sid: str, reason: EndReason | str, why: str) -> str:
-        status, seated = await self.live.end_session(sid, str(reason), self.clock())
+    async def end_session_internal(self, sid: str, reason: EndReason | str, why: str,
+                                   now_ms: int | None = None) -> str:
+        status, seated = await self.live.end_session(sid, str(reason), self.clock() if now_ms is None else now_ms)
         if status == "ended":
             self.stats.sessions_ended += 1
             log.info("session %s ended: %s (%s); seated from queue: %s", sid, reason, why, seated or "none")

@@ -14,5 +14,5 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test,play]'
+.venv/bin/python -m pip install -q -e '.[test,play,dev]'
 echo "setup: done ($(.venv/bin/python --version))"

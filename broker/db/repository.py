@@ -75,6 +75,19 @@ async def _apply_live(conn: Any, live: dict[str, dict[str, Any]], ended: set[str
         await conn.execute(delete(t.live_sessions).where(c.id.in_(list(ended))))
 
 
+def _upserts(mod: Any) -> tuple[Any, Any]:
+    """(history rows upserted on the id, audit rows skipped when their dedup key exists) for a dialect's
+    ``insert``; executed with a list of row dicts (executemany)."""
+    stmt = mod(t.sessions)
+    sessions = stmt.on_conflict_do_update(index_elements=["id"], set_={
+        c.name: stmt.excluded[c.name] for c in t.sessions.c if c.name != "id"})
+    return sessions, mod(t.audit).on_conflict_do_nothing(index_elements=["dedup_key"])
+
+
+# immutable statements, one pair per dialect with ON CONFLICT (others write row by row)
+_UPSERTS: dict[str, tuple[Any, Any]] = {"sqlite": _upserts(sqlite_insert), "postgresql": _upserts(pg_insert)}
+
+
 class Repository:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -165,13 +178,14 @@ class Repository:
                                "dedup_key": f"end:{s['id']}"})
         async with self.engine.begin() as conn:
             dialect = conn.dialect.name
-            if dialect in ("sqlite", "postgresql"):
-                mod = sqlite_insert if dialect == "sqlite" else pg_insert
+            if dialect in _UPSERTS:
+                # executemany of one statement built once: SQLAlchemy compiles it once per column set
+                # (its cache), where a multi-row VALUES statement was compiled afresh on the event loop
+                # for every batch (profiled: most of the outbox's cost, docs/benchmarks.md)
+                upsert_sessions, insert_audits = _UPSERTS[dialect]
                 if rows:
-                    stmt = mod(t.sessions).values(list(rows.values()))
-                    cols = {c: stmt.excluded[c] for c in rows[next(iter(rows))] if c != "id"}
-                    await conn.execute(stmt.on_conflict_do_update(index_elements=["id"], set_=cols))
-                await conn.execute(mod(t.audit).values(audits).on_conflict_do_nothing(index_elements=["dedup_key"]))
+                    await conn.execute(upsert_sessions, list(rows.values()))
+                await conn.execute(insert_audits, audits)
                 await _apply_live(conn, live, set(rows))
                 return
         for kind, s, ts in items:  # other dialects: row by row

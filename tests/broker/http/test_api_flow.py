@@ -31,7 +31,15 @@ async def test_seat_queue_release_and_history(api, clock) -> None:
 
     clock.advance(5_000)
     r = await api.delete(f"/api/v1/sessions/{views[0]['id']}", headers=auth(tokens[0]))
-    assert r.status == 200 and (await r.json())["state"] == "ended"
+    ended = await r.json()
+    assert r.status == 200 and ended["state"] == "ended"
+    # the reply is built from the record read before the step plus what the step wrote: the same as
+    # reading the record back
+    again = await (await api.get(f"/api/v1/sessions/{views[0]['id']}", headers=auth(tokens[0]))).json()
+    assert ended == again and ended["end_reason"] == "user" and ended["ended_ms"] == clock() > ended["seated_ms"]
+    # ending it again reads the record (nothing was written): the same view
+    r = await api.delete(f"/api/v1/sessions/{views[0]['id']}", headers=auth(tokens[0]))
+    assert r.status == 200 and await r.json() == again
     # the head of the queue got the freed seat; the next one moved up
     s2 = await (await api.get(f"/api/v1/sessions/{views[2]['id']}", headers=auth(tokens[2]))).json()
     s3 = await (await api.get(f"/api/v1/sessions/{views[3]['id']}", headers=auth(tokens[3]))).json()
