@@ -20,6 +20,13 @@ Drills (run in this order by ``all``; broker-killed last, as it takes a replica 
   same (a session or the driver leaking); its watchdog drains the host.
 - ``encoder-failing``: the victim's encoder raises on every frame; its stream self-test (run now,
   as its interval would; the victim is idle) fails and the watchdog drains the host.
+- ``redis-frozen``: SIGSTOP the redis-server for ``REDIS_FREEZE_S`` (past the brokers' 1 s Redis timeout,
+  under the host lease), then SIGCONT.  Requests meanwhile get 503 within the timeout; no host may be
+  declared down for the outage and no session may end.
+- ``redis-lost``: SIGKILL the redis-server and start an empty one on its port (no persistence, or a
+  failover that lost its writes).  The brokers see the live state gone (the epoch key), restore pools
+  from SQL, and the nodes re-register with the sessions they still stream: every session must come
+  back on its host.  "Recovered": both replicas ready, every drill session back, a new seat works.
 - ``broker-killed``: SIGKILL one broker replica; the other serves on (nodes heartbeat to it, users
   create sessions through it).  Detected when the killed replica stops answering (what
   ``RenderBrokerDown`` watches: its /metrics scrape fails).
@@ -27,8 +34,10 @@ Drills (run in this order by ``all``; broker-killed last, as it takes a replica 
 "What fired": the alert rules (``infra/prometheus/render-broker.rules.yml``) whose condition holds
 on the surviving replica's /metrics after the drill (before their ``for:`` hold), plus the watchdog
 or broker audit entries.  "Lost": the drill's sessions that ended, on the victim host (expected for
-a killed node) and elsewhere (the goal is 0).  Times are from the injection to the first poll
-(every 100 ms) that shows the change.
+a killed node) and elsewhere (the goal is 0); "seats leaked": the pool's seats in use beyond its live
+seated sessions afterwards (goal 0); during the Redis drills a client reads the pool and its sessions
+every 50 ms, and the requests it made and the 5xx it got are counted.  Times are from the injection to
+the first poll (every 100 ms) that shows the change.
 """
 
 from __future__ import annotations
@@ -60,7 +69,8 @@ from broker.embedded import free_port
 from streamer.node.agent import NodeAgent
 from streamer.node.settings import NodeSettings
 
-DRILLS = ("node-killed", "hot-gpu", "vram-leak", "encoder-failing", "broker-killed")
+DRILLS = ("node-killed", "hot-gpu", "vram-leak", "encoder-failing", "redis-frozen", "redis-lost", "broker-killed")
+REDIS_FREEZE_S = 2.0  # SIGSTOP this long: past the brokers' 1 s Redis timeout, under the 3 s lease
 LEASE_S = 3.0  # the brokers' host lease: a killed node is down within this (+ a reaper pass)
 HEARTBEAT_S = 0.5
 POLL_S = 0.1
@@ -96,6 +106,10 @@ class DrillResult:
     lost_elsewhere: int = 0  # goal 0
     encoder_errors: float | None = None  # the victim's render_broker_encoder_errors_total (None: not exported)
     notes: str = ""
+    requests: int = 0  # API requests a client made from the injection to the tally
+    errors_5xx: int = 0  # of those, answered 5xx (or not answered)
+    seats_leaked: int = 0  # the pool's seats in use beyond its live seated sessions, after the drill (goal 0)
+    recover_s: float | None = None  # from the end of the fault to a working system (Redis drills)
 
 
 def parse_metrics(text: str) -> dict[str, Series]:
@@ -251,6 +265,38 @@ class Lab:
                      if any(cond(lab, v) for lab, v in metrics.get(metric, ()) if lab.get("pool") == res.pool)]
         res.encoder_errors = next((v for lab, v in metrics.get("render_broker_encoder_errors_total", ())
                                    if lab.get("host") == res.victim), None)
+        res.seats_leaked = await self.seats_leaked(res.pool, url)
+
+    def restart_redis(self) -> subprocess.Popen[bytes]:
+        """A new, empty redis-server on the same port (the old one must be dead): what a Redis without
+        persistence, or a failover that lost its writes, looks like to the brokers."""
+        return self._spawn("redis", ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
+                                     "--save", "", "--appendonly", "no", "--dir", str(self.tmp)])
+
+    async def traffic(self, res: DrillResult, pool: str, sessions: list[str], url: str) -> None:
+        """A client's reads while the drill runs (pool view, its sessions): counted in ``res``, 5xx apart."""
+        i = 0
+        while True:
+            path = f"/pools/{pool}" if i % 2 == 0 or not sessions else f"/sessions/{sessions[i % len(sessions)]}"
+            i += 1
+            res.requests += 1
+            try:
+                async with self.api.get(url + "/api/v1" + path, headers=self.admin_headers()) as r:
+                    await r.read()
+                    if r.status >= 500:
+                        res.errors_5xx += 1
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                res.errors_5xx += 1
+            await asyncio.sleep(0.05)
+
+    async def seats_leaked(self, pool: str, url: str) -> int:
+        """The pool's seats in use (its counters) minus its live seated sessions (a listing)."""
+        status, view = await self.call("GET", f"/pools/{pool}", url)
+        _, listing = await self.call("GET", f"/sessions?pool={pool}", url)
+        if status != 200:
+            return -1
+        seated = sum(1 for s in listing.get("sessions", []) if s.get("host"))
+        return int(view.get("seats_used", 0)) - seated
 
     async def close(self) -> None:
         for agent, task in self.agents:
@@ -407,9 +453,71 @@ async def drill_broker_killed(lab: Lab) -> DrillResult:
     return res
 
 
+async def _redis_drill(lab: Lab, name: str, lose: bool) -> DrillResult:
+    """Freeze Redis (``lose`` False) or kill it and start an empty one (True) under two nodes with sessions."""
+    pool = "d-" + name
+    await lab.pool(pool)
+    hosts = [f"{name}-a", f"{name}-b"]
+    for h in hosts:
+        lab.node_process(h, pool, lab.urls[1])
+    await lab.wait_hosts_up(hosts)
+    ids = await lab.seat(pool, 2 * SEATS - 1, name)  # one seat left for the new session after recovery
+    placed = await _placed(lab, ids)
+    res = DrillResult(name, "redis", pool)
+    load = asyncio.create_task(lab.traffic(res, pool, ids, lab.urls[0]))
+    redis = lab.procs["redis"]
+    t0 = time.monotonic()
+    if lose:
+        os.killpg(redis.pid, signal.SIGKILL)
+        await asyncio.to_thread(redis.wait)
+    else:
+        os.killpg(redis.pid, signal.SIGSTOP)
+
+    async def unready() -> bool:
+        return not await lab._ready(lab.urls[0])
+    try:
+        res.detect_s = round(await lab.until(unready, "brokers still ready without Redis"), 2)
+        res.detected = "/readyz 503 (Redis unavailable)"
+        if lose:
+            lab.restart_redis()
+        else:
+            await asyncio.sleep(max(0.0, REDIS_FREEZE_S - (time.monotonic() - t0)))
+            os.killpg(redis.pid, signal.SIGCONT)
+        t_back = time.monotonic()
+
+        async def recovered() -> bool:  # both replicas ready, every drill session back on its host, a new seat works
+            if not all([await lab._ready(u) for u in lab.urls]):
+                return False
+            views = [await lab.session(sid) for sid in ids]
+            return all(v.get("host") == placed[sid] and v.get("state") in ("running", "disconnected")
+                       for sid, v in zip(ids, views, strict=True))
+        await lab.until(recovered, "sessions not back after Redis returned", 60)
+        await lab.seat(pool, 1, f"{name}-after")
+        res.recover_s = round(time.monotonic() - t_back, 2)
+    finally:
+        load.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await load
+        if not lose:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(redis.pid, signal.SIGCONT)
+    res.notes = (f"Redis frozen (SIGSTOP) for {REDIS_FREEZE_S:.1f} s" if not lose else
+                 "Redis killed and restarted empty: pools restored from SQL, sessions re-adopted from the nodes")
+    await lab.tally(res, placed, lab.urls[0])
+    return res
+
+
+async def drill_redis_frozen(lab: Lab) -> DrillResult:
+    return await _redis_drill(lab, "redis-frozen", lose=False)
+
+
+async def drill_redis_lost(lab: Lab) -> DrillResult:
+    return await _redis_drill(lab, "redis-lost", lose=True)
+
+
 RUNNERS: dict[str, Callable[[Lab], Awaitable[DrillResult]]] = {
     "node-killed": drill_node_killed, "hot-gpu": drill_hot_gpu, "vram-leak": drill_vram_leak,
-    "encoder-failing": drill_encoder_failing,
+    "encoder-failing": drill_encoder_failing, "redis-frozen": drill_redis_frozen, "redis-lost": drill_redis_lost,
     "broker-killed": drill_broker_killed,
 }
 
@@ -434,7 +542,12 @@ def print_results(results: list[DrillResult]) -> None:
                   "(RenderBrokerEncoderErrors: a ticket past 1/min for 10 min)")
         print("  drained: " + ("; ".join(f"{h}: {why}" for h, why in r.drained.items()) or "nothing"))
         print(f"  sessions: {r.sessions}; lost on the victim {r.lost_on_victim}, elsewhere {r.lost_elsewhere} "
-              f"(goal 0)")
+              f"(goal 0); seats leaked {r.seats_leaked} (goal 0)")
+        if r.requests:
+            print(f"  client requests during the drill: {r.requests}, 5xx or unanswered {r.errors_5xx}")
+        if r.recover_s is not None:
+            print(f"  recovered {r.recover_s} s after the fault ended (both replicas ready, sessions back, a new "
+                  "seat works)")
         if r.notes:
             print(f"  {r.notes}")
 

@@ -1,6 +1,7 @@
-"""Smoke test of bench/drill.py: two drills against a real lab (redis-server, two broker processes, render
+"""Smoke test of bench/drill.py: three drills against a real lab (redis-server, two broker processes, render
 nodes, sessions seated through the API): a hot GPU and a failing encoder each drain their host with the
-reason, fire what they should, and cost no session."""
+reason, fire what they should, and cost no session; Redis lost and restarted empty costs no session and no
+seat either."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ pytestmark = [pytest.mark.timeout(240),
               pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server missing (setup.sh)")]
 
 
-async def test_hot_gpu_and_failing_encoder_drills_drain_their_host_and_lose_nothing() -> None:
-    hot, enc = await drill.run(["hot-gpu", "encoder-failing"])
+async def test_hot_gpu_failing_encoder_and_redis_lost_drills_lose_nothing() -> None:
+    hot, enc, lost = await drill.run(["hot-gpu", "encoder-failing", "redis-lost"])
 
     assert hot.drained == {"hot-victim": "watchdog: gpu_hot: GPU 0 at 95 C (limit 90 C)"}
     assert {"RenderBrokerHostsDraining", "RenderBrokerGpuHot", "RenderBrokerGpuOverheating",
@@ -30,3 +31,8 @@ async def test_hot_gpu_and_failing_encoder_drills_drain_their_host_and_lose_noth
     assert enc.fired == ["RenderBrokerHostsDraining"]
     assert enc.encoder_errors is not None and enc.encoder_errors >= 30  # the frames that failed before it gave up
     assert (enc.lost_on_victim, enc.lost_elsewhere) == (0, 0)
+
+    # Redis back empty: the brokers notice, restore the pool from SQL, re-adopt every session from its node
+    assert lost.detect_s is not None and lost.recover_s is not None
+    assert (lost.lost_on_victim, lost.lost_elsewhere, lost.seats_leaked) == (0, 0, 0)
+    assert lost.requests > 0 and hot.seats_leaked == 0 and enc.seats_leaked == 0
