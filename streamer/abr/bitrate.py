@@ -19,7 +19,8 @@ The algorithm, per update:
      85 % of the rate the path carried, before any loss shows up. One high sample only
      pauses the ramp (a single noisy sample never cuts).
   2. Loss signal (GCC): a fresh report with loss > 10 % cuts rate *= (1 - 0.5 * loss);
-     loss 2-10 % holds; loss < 2 % lets the rate grow.
+     loss 2-10 % holds; loss < 2 % lets the rate grow.  In fast mode (below) a loss cut
+     needs the probes to have shown a queue within the report's span (`LOSS_REPORT_SPAN_MS`).
   3. After a cut, hold (no increase, no further cut) for max(`MIN_HOLD_MS`, RTT)
      (`FAST_HOLD_MS` in fast mode, below).
   4. Otherwise ramp: multiplicative (+8 %/s) far from the last congested rate, additive
@@ -151,6 +152,13 @@ FAST_NEAR_INCREASE_PER_S = 1.08
 # A receiver report covers the last 0.5-1.5 s: in fast mode the loss it reports within this
 # long after a cut is the loss that cut already answered, not a reason for another.
 LOSS_REPORT_SPAN_MS = 1_500
+# Fast mode: report loss over LOSS_DECREASE_MIN_RATIO cuts only where the probes showed a queue
+# (forming, standing or high) within LOSS_REPORT_SPAN_MS, the span the report covers: an overflowing
+# queue rises in the probes first, and loss without a queue is the path's own (bursty or random
+# loss), which a lower rate does not cure.  Measured on the matrix's burst cell (150 ms of 50 % loss
+# every 2.5 s, 2026-12-04): cutting on each burst's report gave 7 loss backoffs in 24 s and 33 %
+# utilization.  A policer (loss without a queue that a lower rate does cure) shows as the viewer
+# receiving less than was sent: the receive-shortfall cut.
 # Fast mode: the ramp never takes the target past this share of what the viewer receives
 # (the encoder and the send rate lag the target; a target far ahead of them overshoots the
 # path by the time they catch up).
@@ -392,6 +400,7 @@ class BitrateState:
     recv_rate_bps: int | None = None
     shortfall_samples: int = 0
     last_cut_ms: int | None = None
+    queue_seen_ms: int | None = None  # fast mode: the last probe sample that showed a queue
     # bandwidth probes (fast mode, capacity known): the current one's end (None: cruising), the
     # earliest start of the next, the most the viewer received during the current one, clean rounds
     bw_probe_until_ms: int | None = None
@@ -515,6 +524,9 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
         and _standing(floor_ms, probe.minima[0][1], probe.prior_noise_ms)
     )
     fast = probe.seen_ms is not None and now_ms - probe.seen_ms <= FAST_FEEDBACK_STALE_MS
+    queue_seen_ms = state.queue_seen_ms
+    if probe.fresh and (probe.high or standing or _queue_shows(probe)):
+        queue_seen_ms = now_ms
     recv_rate = feedback.recv_rate_bps if feedback.recv_rate_bps is not None else state.recv_rate_bps
     # the send rate is a path's measure only while the encoder uses its bits (not app-limited)
     path_limited = send_rate is not None and send_rate * 100 >= state.target_bps * APP_LIMITED_PERCENT
@@ -559,7 +571,9 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
         cuts: list[tuple[int, BitrateReason, int]] = []  # (new target, reason, congested rate)
         # fast mode: a report's loss from before the last cut was answered by that cut
         answered = fast and state.last_cut_ms is not None and now_ms - state.last_cut_ms < LOSS_REPORT_SPAN_MS
-        if fresh_loss and loss_ratio > LOSS_DECREASE_MIN_RATIO and not in_hold and not answered:
+        # fast mode: loss with no queue in the probes over the report's span is the path's own
+        queueless = fast and (queue_seen_ms is None or now_ms - queue_seen_ms > LOSS_REPORT_SPAN_MS)
+        if fresh_loss and loss_ratio > LOSS_DECREASE_MIN_RATIO and not in_hold and not answered and not queueless:
             # rate *= (1 - 0.5 * loss), with loss = fraction_lost / 256, in exact integers
             cut = target * (2 * FRACTION_LOST_SCALE - fraction_lost) // (2 * FRACTION_LOST_SCALE)
             cuts.append((cut, BitrateReason.LOSS_BACKOFF, target))
@@ -714,6 +728,7 @@ def decide(state: BitrateState, feedback: Feedback, now_ms: int) -> BitrateDecis
         recv_rate_bps=recv_rate,
         shortfall_samples=shortfall_samples,
         last_cut_ms=last_cut_ms,
+        queue_seen_ms=queue_seen_ms,
         bw_probe_until_ms=bw_until,
         bw_next_ms=bw_next,
         bw_peak_bps=bw_peak,
@@ -825,6 +840,13 @@ def _queue_forming(probe: _ProbeSignal) -> bool:
     if probe.rtt_ms is None or not probe.minima or probe.threshold_ms is None:
         return False
     if PROBE_NOISE_FACTOR * probe.prior_noise_ms > PROBE_RISE_MIN_MS:
+        return False
+    return _forming(probe.rtt_ms, probe.minima[0][1], probe.threshold_ms)
+
+
+def _queue_shows(probe: _ProbeSignal) -> bool:
+    """The latest probe RTT over baseline + PROBE_FORMING_FRACTION x threshold (on any path)."""
+    if probe.rtt_ms is None or not probe.minima or probe.threshold_ms is None:
         return False
     return _forming(probe.rtt_ms, probe.minima[0][1], probe.threshold_ms)
 

@@ -117,7 +117,12 @@ from aiortc import (
 )
 from aiortc.rtcicetransport import connection_kwargs
 from aiortc.rtcpeerconnection import find_common_codecs
-from aiortc.rtcrtpparameters import RTCRtpCodecParameters, RTCRtpHeaderExtensionParameters, RTCRtpParameters
+from aiortc.rtcrtpparameters import (
+    RTCRtpCodecParameters,
+    RTCRtpHeaderExtensionParameters,
+    RTCRtpParameters,
+    RTCRtpSendParameters,
+)
 from aiortc.rtcrtptransceiver import RTCRtpTransceiver
 from aiortc.rtcsctptransport import Chunk, DataChunk, RTCSctpTransport
 from aiortc.rtp import (
@@ -143,6 +148,8 @@ from rbcommon.udpports import NoFreePort, PortRange
 from streamer.desktop.inputs import ProbeAck, parse_input
 from streamer.desktop.inputsink import InputRouter
 from streamer.media.freezes import freeze_threshold_ms
+from streamer.media.pacedtransport import PacedTransport
+from streamer.media.pacer import PacerCounters, PacingQueue
 from streamer.media.probe import LOOP_TICK_MS, PROBE_INTERVAL_MS, LoopLateness, ProbeSample, ProbeTracker
 from streamer.media.rtx import RetransmitCounters, RetransmitLimiter
 
@@ -615,11 +622,40 @@ class FeedbackSink(Protocol):
     def on_receiver_report(self, report: RtcpReceiverInfo) -> None: ...
 
 
+ABS_SEND_TIME_URI: Final = "http://www.webrtc.org/experiments/rtp-hdrext/abs-send-time"
+
+
 class FeedbackSender(RTCRtpSender):
     """``RTCRtpSender`` that also reports PLI/FIR, REMB and receiver reports (see module docstring)."""
 
     _feedback_sink: FeedbackSink | None = None
     _retransmit_limiter: RetransmitLimiter | None = None
+    _paced: PacedTransport | None = None
+
+    @property
+    def transport(self) -> Any:
+        """The real transport, or its paced view (``pace``) while that wraps the transport in force."""
+        real = super().transport
+        paced = self._paced
+        return paced if paced is not None and paced.inner is real else real
+
+    def pace(self, queue: PacingQueue[bytes]) -> PacedTransport:
+        """Send this sender's RTP through ``queue`` (``streamer.media.pacedtransport``); RTCP unpaced."""
+        self._paced = PacedTransport(super().transport, queue)
+        return self._paced
+
+    def stop_pacing(self) -> None:
+        if self._paced is not None:
+            self._paced.close()
+
+    async def send(self, parameters: RTCRtpSendParameters) -> None:
+        paced = self._paced
+        if paced is not None:
+            paced.inner = super().transport  # the bundle's transport, set by setRemoteDescription
+            paced.abs_send_time_id = next(
+                (e.id for e in parameters.headerExtensions if e.uri == ABS_SEND_TIME_URI), None
+            )
+        await super().send(parameters)
 
     @classmethod
     def adopt(
@@ -640,8 +676,17 @@ class FeedbackSender(RTCRtpSender):
     async def _retransmit(self, sequence_number: int) -> None:
         limiter = self._retransmit_limiter
         copies = 1 if limiter is None else limiter.copies(sequence_number, _now_ms())
+        paced = self._paced
         for _ in range(copies):
-            await super()._retransmit(sequence_number)
+            if paced is None:
+                await super()._retransmit(sequence_number)
+                continue
+            # the paced transport queues the packet before the first suspension: the flag covers it alone
+            paced.priority = True
+            try:
+                await super()._retransmit(sequence_number)
+            finally:
+                paced.priority = False
 
     def detach_feedback(self) -> None:
         self._feedback_sink = None
@@ -727,6 +772,8 @@ class PeerSettings:
     udp_ports: PortRange | None = None  # host candidates on ports of this range; None: any port
     # send the playout-delay extension (starting at min = max = 0) to viewers whose offer has it (Chromium's does)
     playout_delay: bool = True
+    # pace the video sender's RTP at a multiple of the target (``streamer.media.pacer``); off: aiortc's bursts
+    pacing: bool = True
 
 
 class ViewerPeer:
@@ -765,6 +812,7 @@ class ViewerPeer:
         self._loop_lateness = LoopLateness()
         self._loop_watch: asyncio.Task[None] | None = None
         self._retransmits = RetransmitLimiter(target_bps)
+        self._pacer: PacingQueue[bytes] | None = PacingQueue(target_bps) if settings.pacing else None
         self._probe_task: asyncio.Task[None] | None = None
         self._close_task: asyncio.Future[None] | None = None
         self.codec: str | None = None  # codec name the answer selected
@@ -799,6 +847,8 @@ class ViewerPeer:
         transceiver = self.pc.addTransceiver(self._track, direction="sendonly")
         transceiver.setCodecPreferences(codec_preferences(webrtc_codec))
         self._sender = FeedbackSender.adopt(transceiver.sender, self._feedback, self._retransmits)
+        if self._pacer is not None:
+            self._sender.pace(self._pacer)
         if self._audio_track is not None and offer_receives_opus(offer_sdp):
             # matched to the offer's audio section by kind in setRemoteDescription, like the video one
             self.pc.addTransceiver(self._audio_track, direction="sendonly").setCodecPreferences(opus_preferences())
@@ -953,14 +1003,26 @@ class ViewerPeer:
         extensions_map.delay, extensions_map._payload = delay, delay.payload()
         return True
 
-    def set_target(self, target_bps: int, duplicate_retransmissions: bool = False) -> None:
-        """The video target in force: the retransmission budget is a share of it.
+    def set_target(
+        self, target_bps: int, duplicate_retransmissions: bool = False, frame_interval_ms: float | None = None
+    ) -> None:
+        """The video target in force: the retransmission budget is a share of it, the pacing rate a multiple.
 
         ``duplicate_retransmissions``: send each retransmission twice (the loss is random, not a
-        queue's: see ``streamer.media.rtx.RetransmitLimiter.duplicate``).
+        queue's: see ``streamer.media.rtx.RetransmitLimiter.duplicate``).  ``frame_interval_ms``: the
+        pacer's queue bound (``streamer.media.pacer``), one frame interval.
         """
         self._retransmits.target_bps = target_bps
         self._retransmits.duplicate = duplicate_retransmissions
+        if self._pacer is not None:
+            self._pacer.target_bps = float(target_bps)
+            if frame_interval_ms is not None:
+                self._pacer.max_delay_ms = frame_interval_ms
+
+    @property
+    def pacer(self) -> PacerCounters | None:
+        """What the send pacer has released (None: not pacing)."""
+        return self._pacer.counters if self._pacer is not None else None
 
     @property
     def retransmits(self) -> RetransmitCounters:
@@ -979,6 +1041,7 @@ class ViewerPeer:
                 self._loop_watch.cancel()
             if self._sender is not None:
                 self._sender.detach_feedback()
+                self._sender.stop_pacing()
             self._router.release_all()
             self._close_task = asyncio.ensure_future(self.pc.close())
         await asyncio.shield(self._close_task)

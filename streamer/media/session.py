@@ -540,6 +540,8 @@ class SessionRuntime:
             # NACKed packets of the current viewer: retransmitted, skipped as repeated within an RTT
             # or over the retransmission budget (streamer.media.rtx)
             "retransmits": asdict(self._peer.retransmits) if self._peer is not None else None,
+            # the send pacer (streamer.media.pacer): packets released, their wait, releases drained faster
+            "pacer": asdict(pacer) if self._peer is not None and (pacer := self._peer.pacer) is not None else None,
             "encoder": None,
             "codec": None,
             "audio_codec": self._peer.audio_codec if self._peer is not None else None,  # "opus": the viewer hears it
@@ -1081,7 +1083,11 @@ class SessionRuntime:
     async def _apply(self, step: ControlStep) -> None:
         if self._peer is not None:
             # random loss (no queue): a retransmission goes out twice, so a lost one costs no round trip
-            self._peer.set_target(step.bitrate.target_bps, bitrate_policy.queue_free(step.bitrate.signals))
+            self._peer.set_target(
+                step.bitrate.target_bps,
+                bitrate_policy.queue_free(step.bitrate.signals),
+                frame_interval_ms=1000.0 / step.ladder.rung.fps,
+            )
         if self._pipeline is None:
             return
         encoder_bps = media_bps(step.encoder_bps, self._retransmit_bps)

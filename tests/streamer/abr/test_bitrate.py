@@ -229,9 +229,7 @@ def test_loss_table(fraction_lost: int, target: int, reason: str) -> None:
 def test_loss_burst_cuts_once_then_holds_one_rtt() -> None:
     clean = Feedback(fraction_lost=0, jitter_ms=3.0, rtt_ms=500.0)  # additive: 9600*1000//600 = 16_000
     burst = Feedback(fraction_lost=64, jitter_ms=3.0, rtt_ms=500.0)
-    decisions = run(
-        [(0, clean), (1_000, burst), (1_200, burst), (1_400, clean), (1_500, clean), (2_000, clean)]
-    )
+    decisions = run([(0, clean), (1_000, burst), (1_200, burst), (1_400, clean), (1_500, clean), (2_000, clean)])
     assert reasons(decisions) == ["start", "loss_backoff", "hold", "hold", "hold", "ramp_additive"]
     # one cut per hold (max(300 ms, 500 ms RTT)); ramp counts only time after the hold
     assert targets(decisions) == [1_000_000, 875_000, 875_000, 875_000, 875_000, 883_000]
@@ -284,8 +282,16 @@ def test_remb_caps_with_headroom_after_a_fall_then_is_a_probe_ceiling() -> None:
     assert remb_cap_bps(1_200_000) == 1_020_000 and decisions[4].signals.remb_cap_bps == 1_020_000
     # 5 s later the REMB has not fallen again: the target probes above it, up to 120 % of it
     assert reasons(decisions)[5:9] == ["ramp_multiplicative"] * 4
-    assert targets(decisions)[5:] == [1_101_600, 1_189_728, 1_284_906, 1_387_698, 1_440_000, 1_440_000, 1_440_000,
-                                      1_440_000]
+    assert targets(decisions)[5:] == [
+        1_101_600,
+        1_189_728,
+        1_284_906,
+        1_387_698,
+        1_440_000,
+        1_440_000,
+        1_440_000,
+        1_440_000,
+    ]
     assert reasons(decisions)[9:] == ["remb_cap"] * 4
     assert decisions[12].signals.remb_cap_bps == remb_cap_bps(1_200_000, False) == 1_440_000
     # a REMB under 90 % of the highest since the fall is a new fall: the headroom cap at once
@@ -319,9 +325,7 @@ def test_max_clamp() -> None:
 
 def test_min_clamp_under_heavy_loss_and_low_remb() -> None:
     burst = Feedback(fraction_lost=255, jitter_ms=3.0, rtt_ms=50.0)
-    decisions = run(
-        [(0, CLEAN)] + [(t, burst) for t in (1_000, 2_000, 3_000)], initial_state(DESKTOP_PROFILE)
-    )
+    decisions = run([(0, CLEAN)] + [(t, burst) for t in (1_000, 2_000, 3_000)], initial_state(DESKTOP_PROFILE))
     assert targets(decisions) == [2_000_000, 1_003_906, 503_913, 300_000]
     assert reasons(decisions) == ["start", "loss_backoff", "loss_backoff", "min_clamp"]
     # a REMB whose cap is below the minimum: the minimum wins (the ladder steps down instead)
@@ -563,10 +567,42 @@ def test_fast_mode_loss_without_a_queue_does_not_hold_and_answered_loss_does_not
     # 5 % loss (13/256) with clean probes: random loss of the path, the ramp goes on.
     decisions = run([(0, fast()), (200, fast(fraction_lost=13))])
     assert decisions[-1].reason == "ramp_multiplicative"
-    # 30 % loss reported 1 s after a probe cut: that cut answered it.  2 s after: a new loss event.
+    # 30 % loss reported 1 s after a probe cut: that cut answered it.  2 s after, with a queue forming
+    # in the probes (35 ms: over baseline 20 + half the 20 ms threshold): a new loss event.
     cut = run([(0, fast()), (200, fast()), (400, fast(rtt=120.0))])[-1].state
-    later = run([(1_400, fast(fraction_lost=77, rate=800_000)), (2_600, fast(fraction_lost=77, rate=800_000))], cut)
+    later = run(
+        [(1_400, fast(fraction_lost=77, rate=800_000)), (2_600, fast(rtt=35.0, fraction_lost=77, rate=800_000))], cut
+    )
     assert [str(d.reason) for d in later] == ["ramp_multiplicative", "loss_backoff"]
+
+
+def test_fast_mode_loss_cuts_only_where_the_probes_showed_a_queue_within_the_reports_span() -> None:
+    # 30 % loss 2 s after the cut, probes clean since: the path's own loss, no cut (RTCP mode cut it).
+    cut = run([(0, fast()), (200, fast()), (400, fast(rtt=120.0))])[-1].state
+    clean = run([(1_400, fast(rate=800_000)), (2_600, fast(fraction_lost=77, rate=800_000))], cut)
+    assert "loss_backoff" not in reasons(clean)
+    # a queue forming 1 s before the report (within its 1.5 s span), gone by the report: the loss is an overflow's
+    queued = run([(1_600, fast(rtt=35.0, rate=800_000)), (2_600, fast(fraction_lost=77, rate=800_000))], cut)
+    assert reasons(queued)[-1] == "loss_backoff"
+    assert queued[-1].target_bps < queued[0].target_bps
+    # the same report with no probes (RTCP mode): cut, as ever
+    rtcp = run([(0, Feedback()), (1_000, Feedback(fraction_lost=77, send_rate_bps=2_000_000))])
+    assert reasons(rtcp)[-1] == "loss_backoff"
+
+
+def test_bursts_of_loss_without_a_queue_leave_the_cruise_alone() -> None:
+    # The matrix's burst cell: 150 ms of 50 % loss every 2.5 s.  Each burst reaches a receiver report
+    # as 10-40 % loss; the probes (those that get through) show no queue.  Over 20 s of cruising at
+    # 900 kbps on a 1 Mbps path the target never goes under the cruise, and bandwidth probes still run.
+    state = cruising(next_ms=100_000)
+    decisions: list[BitrateDecision] = []
+    for t in range(600, 20_000, 100):
+        lost = 77 if t % 2_500 == 300 else (26 if t % 2_500 == 1_300 else None)
+        rate = state.target_bps
+        decisions += run([(t, fast(rate=rate, recv=rate, fraction_lost=lost))], state)
+        state = decisions[-1].state
+    assert "loss_backoff" not in reasons(decisions)
+    assert min(targets(decisions)) >= 900_000
 
 
 def test_fast_mode_ignores_receiver_report_delay_and_ends_without_probes() -> None:
