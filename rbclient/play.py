@@ -28,7 +28,7 @@ from typing import Any, Final
 os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")  # no banner on stdout (before the import reads it)
 import pygame
 
-from broker.protocol import GAMEPAD_MAX_AXES, GAMEPAD_MAX_BUTTONS, GAMEPAD_MAX_INDEX
+from broker.protocol import GAMEPAD_MAX_AXES, GAMEPAD_MAX_BUTTONS, GAMEPAD_MAX_INDEX, POINTER_MAX_DELTA
 from rbclient import inputs, keymap
 from rbclient.api import ApiError, Broker, SessionEnded, SessionView
 from rbclient.stream import Frame, SignalingError, Stream, start
@@ -108,11 +108,10 @@ class Player:
 
     def _motion(self, event: pygame.event.Event) -> None:
         width, height = self.screen.get_size()
-        frame = self.stream.latest
-        pic_w, pic_h = (frame.image.width, frame.image.height) if frame else (width, height)
-        if self.grabbed:  # relative: window pixels to picture pixels
+        if self.grabbed:  # relative motion in mouse pixels ("pr"), as the web client sends under pointer lock
             dx, dy = event.rel
-            self._send(self.stream.pointer.move_by(dx * pic_w / width, dy * pic_h / height))
+            n = POINTER_MAX_DELTA
+            self._send(inputs.pointer_relative(max(-n, min(n, int(dx))), max(-n, min(n, int(dy)))))
         else:
             x, y = event.pos
             self._send(self.stream.pointer.move_to(min(1.0, max(0.0, x / max(1, width - 1))),

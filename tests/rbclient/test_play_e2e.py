@@ -21,13 +21,18 @@ pygame = pytest.importorskip("pygame", reason="pygame is not installed: pip inst
 
 from rbclient import Broker, start  # noqa: E402
 from rbclient.play import Player  # noqa: E402
-from streamer.desktop.game import find_player  # noqa: E402
+from streamer.desktop.game import find_crosshair, find_player  # noqa: E402
 from tests.rbclient.sysfix import broker, game_pool, node, seats_used  # noqa: E402
 from tests.streamer.viewer import until  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 W, H = 640, 360
 SCAN_RIGHT = 79  # SDL scancode (USB HID) of the right arrow
+
+
+def aim(player: Player) -> tuple[float, float] | None:
+    frame = player.stream.latest
+    return None if frame is None else find_crosshair(np.asarray(frame.image.to_ndarray(format="bgr24")))
 
 
 def where(player: Player) -> tuple[float, float] | None:
@@ -69,14 +74,18 @@ async def test_window_turns_sdl_events_into_input_the_game_obeys(
             pygame.event.post(pygame.event.Event(pygame.JOYAXISMOTION, instance_id=0, joy=0, axis=1, value=0.0))
             await until(lambda: player.sent["gp"] == 2, f"gamepad messages sent: {player.sent}")
 
-            # a click grabs the pointer; motion is then relative, in picture pixels
+            # a click grabs the pointer; motion is then relative ("pr", mouse pixels): the game's crosshair follows
             pygame.event.post(pygame.event.Event(pygame.MOUSEBUTTONDOWN, button=1, pos=(10, 10)))
             pygame.event.post(pygame.event.Event(pygame.MOUSEBUTTONUP, button=1, pos=(10, 10)))
             await until(lambda: player.grabbed and player.sent["pb"] == 2, f"no grab or buttons: {player.sent}")
-            x0 = stream.pointer.x
+            await until(lambda: aim(player) is not None, "no crosshair in the picture")
+            aim0 = aim(player)
+            assert aim0 is not None
             pygame.event.post(pygame.event.Event(pygame.MOUSEMOTION, pos=(10, 10), rel=(64, 0), buttons=(0, 0, 0)))
-            await until(lambda: player.sent["pm"] == 1, f"no pointer move sent: {player.sent}")
-            assert stream.pointer.x == pytest.approx(x0 + 0.1)
+            await until(lambda: player.sent["pr"] == 1, f"no relative motion sent: {player.sent}")
+            await until(lambda: (a := aim(player)) is not None and a[0] > aim0[0] + 40,
+                        "the crosshair did not follow the relative motion")
+            assert player.sent["pm"] == 0  # nothing absolute while grabbed
 
             sent_before = sum(player.sent.values())
             pygame.event.post(pygame.event.Event(pygame.KEYDOWN, key=pygame.K_F8, scancode=65, mod=0, unicode=""))
