@@ -330,7 +330,21 @@ class Broker:
                             field="pool")
         assert not isinstance(res, str)
         self.stats.allocations += res.status != "existing"
+        if res.status == "queued" and res.session is not None:
+            await self._record_queued(res.session)
         return res.status != "existing", await self.session_view(res.session_id, res.session)
+
+    async def _record_queued(self, session: dict[str, Any]) -> None:
+        """Write a new queued session's live row to SQL now, not only through the outbox's next pass.
+
+        A queued session has no node that could re-claim it: were Redis to lose everything before the
+        outbox reached SQL, it would vanish without a record.  With the row, recovery ends it ``state_lost``
+        (``finish_recovery``).  Seated sessions need no such write (their node re-claims them).  Best effort:
+        SQL down leaves it to the outbox, as before; the record is idempotent."""
+        try:
+            await self.repo.record_batch([("queued", session, self.clock())])
+        except Exception as exc:  # SQL unavailable: the outbox still carries the record
+            log.warning("queued session %s: SQL write deferred to the outbox (%s)", session.get("id"), exc)
 
     async def _load_session(self, sid: str) -> dict[str, Any]:
         s = await self.live.get_session(sid)

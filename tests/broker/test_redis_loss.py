@@ -187,6 +187,9 @@ async def test_redis_back_empty_restores_pools_readopts_streaming_sessions_and_e
         await _running(client, "p1-h0", a["id"])
         tok_q, q = await _session(client, "quinn")
         assert q["state"] == "queued"
+        # no outbox pass yet: the queued session is in SQL already (nothing else could ever re-claim it);
+        # alice's start is still only in Redis's outbox (her node would re-claim her)
+        assert set(await b.repo.live_rows()) == {q["id"]}
         await b.drain_outbox()  # SQL now knows both (the outbox runs every 0.5 s in production)
         assert set(await b.repo.live_rows()) == {a["id"], q["id"]}
         epoch = b.epoch
