@@ -53,6 +53,7 @@ from encoder.ratecontrol import (
     open_rate_control,
     plan_bitrate_change,
 )
+from encoder.sched import no_realtime
 from encoder.stats import EncoderStats, FrameStats
 
 log = logging.getLogger(__name__)
@@ -297,7 +298,7 @@ class VideoEncoder:
         ctx.framerate = Fraction(cfg.fps).limit_denominator(1001)
         ctx.bit_rate = rate.open_bitrate_bps
         ctx.options = options
-        with capture_ffmpeg_errors() as logs:
+        with capture_ffmpeg_errors() as logs, no_realtime(self._backend.name):
             try:
                 ctx.open()
             except av.FFmpegError as exc:

@@ -30,6 +30,17 @@ if os.geteuid() == 0:
     os.environ.setdefault("NODE_SESSION_USER", "nobody")
 
 
+@pytest.fixture(autouse=True)
+def _never_real_time(request: pytest.FixtureRequest) -> Iterator[None]:
+    """No test may leave the test process real-time: every process started after it would inherit
+    SCHED_FIFO (libsvtav1 opened by root did; a busy FIFO-99 Chromium then held both cores until reboot)."""
+    yield
+    if hasattr(os, "sched_getscheduler") and os.sched_getscheduler(0) != os.SCHED_OTHER:
+        policy = os.sched_getscheduler(0)
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        pytest.fail(f"{request.node.nodeid} left the test process in scheduling policy {policy} (real-time)")
+
+
 def _reachable(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):
