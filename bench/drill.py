@@ -303,8 +303,9 @@ class Lab:
             agent.stop()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(task, 30)
-        nodes = [p for n, p in self.procs.items() if not n.startswith(("broker", "redis"))]
-        brokers = [p for n, p in self.procs.items() if n.startswith("broker")]
+        # nodes first, then brokers, Redis last; a name is matched whole ("redis-lost-a" is a node)
+        brokers = [p for n, p in self.procs.items() if n in {f"broker{i}" for i in range(len(self.ports))}]
+        nodes = [p for n, p in self.procs.items() if n != "redis" and p not in brokers]
         for proc in [*nodes, *brokers, self.procs.get("redis")]:
             if proc is not None:
                 await stop_group(proc)

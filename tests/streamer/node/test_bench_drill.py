@@ -5,6 +5,7 @@ seat either."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -15,8 +16,23 @@ pytestmark = [pytest.mark.timeout(240),
               pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server missing (setup.sh)")]
 
 
+def _drill_nodes() -> set[int]:
+    """Render-node processes of a drill pool ("d-..."), anyone's."""
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if b"streamer" in argv and any(a.startswith(b"d-") for a in argv):
+            found.add(int(pid))
+    return found
+
+
 async def test_hot_gpu_failing_encoder_and_redis_lost_drills_lose_nothing() -> None:
+    before = _drill_nodes()
     hot, enc, lost = await drill.run(["hot-gpu", "encoder-failing", "redis-lost"])
+    assert _drill_nodes() - before == set(), "the drill left render nodes running"  # redis-lost-a/b once did
 
     assert hot.drained == {"hot-victim": "watchdog: gpu_hot: GPU 0 at 95 C (limit 90 C)"}
     assert {"RenderBrokerHostsDraining", "RenderBrokerGpuHot", "RenderBrokerGpuOverheating",
