@@ -1,14 +1,14 @@
 """Canary rollout with real processes: a broker and two ``render-node`` processes of different versions in one pool.
 
-``stable-0`` reports ``NODE_VERSION`` 1.4.0 and runs the built-in game; ``canary-0`` reports the candidate
-version.  In the first case the candidate is broken the way a bad image is: its game command (the build's
-launcher) does not exist, so every session it is given really fails to start in the node (Xvfb comes up, the
-app cannot be run, the node reports ``ended`` / ``start_failed``).  The broker's own rollout loop (every
-0.5 s here, ``BROKER_ROLLOUT_INTERVAL_S``) must roll it back with no admin: candidate host drained (audited),
-rollout ``rolled_back`` (audited with the figures), the rollback gauge and counter exported, the stable
-sessions still streaming to a real aiortc viewer, new sessions on the stable host, no seat leaked.  In the
-second case the candidate is healthy and the same loop promotes it once ``min_sessions`` candidate sessions
-ran and the (1 s) soak is over.
+``stable-0`` reports version 1.4.0 (``--version``, env ``NODE_VERSION``) and runs the built-in game;
+``canary-0`` reports the candidate version. In the first case the candidate is broken the way a bad image is:
+its game command (the build's launcher) does not exist, so every session it is given really fails to start in
+the node (Xvfb comes up, the app cannot be run, the node reports ``ended`` / ``start_failed``). The broker's
+own rollout loop (every 0.5 s here, ``BROKER_ROLLOUT_INTERVAL_S``) must roll it back with no admin: candidate
+host drained (audited), rollout ``rolled_back`` (audited with the figures), the rollback gauge and counter
+exported, the stable sessions still streaming to a real aiortc viewer, new sessions on the stable host, no
+seat leaked. In the second case the candidate is healthy and the same loop promotes it once ``min_sessions``
+candidate sessions ran and the (1 s) soak is over.
 """
 
 from __future__ import annotations
