@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
 from broker.models import CANDIDATE_TYPES
+from broker.protocol import WatchdogCheck
 from broker.store.keys import QUEUE_WAIT_BUCKETS_S
 from broker.store.live import QueueWaits
 
@@ -187,6 +188,13 @@ class Metrics:
         self.gpu_sessions = Gauge("render_broker_gpu_sessions",
                                   "Sessions seated on the GPU (staged ones included: each holds a seat and its "
                                   "memory), as the broker's seat counts say", GPU_LABELS, registry=r)
+        # The node watchdog's state from each live host's last heartbeat (hosts whose node runs none: no series)
+        self.watchdog_tripped = Gauge("render_broker_node_watchdog_tripped",
+                                      "1 when the check has failed since the host's node watchdog drained it, 0 "
+                                      "for the other checks", ["pool", "host", "check"], registry=r)
+        self.watchdog_held = Gauge("render_broker_node_watchdog_held",
+                                   "1 while the node watchdog, after repeated trips, holds its host drained until "
+                                   "an operator undrains it", ["pool", "host"], registry=r)
         self.gpu_software = Gauge("render_broker_gpu_software_encode",
                                   "1 when the host registered this GPU to encode in software, 0 for NVENC",
                                   GPU_LABELS, registry=r)
@@ -229,6 +237,19 @@ class Metrics:
                     continue
                 for q in STREAM_QUANTILE_LABELS[name]:
                     self.stream[name].labels(pool, q).set(quantile(values, float(q)))
+
+    def update_watchdogs(self, hosts: list[dict[str, Any]]) -> None:
+        """Each live host's watchdog report (its last heartbeat's ``watchdog``): every check 0/1, and held."""
+        for g in (self.watchdog_tripped, self.watchdog_held):
+            g.clear()
+        for h in hosts:
+            report = (h.get("telemetry") or {}).get("watchdog") if h.get("alive") else None
+            if report is None:
+                continue
+            pool, tripped = h.get("pool") or "", set(report.get("tripped") or ())
+            for check in WatchdogCheck:
+                self.watchdog_tripped.labels(pool, h["id"], check.value).set(1 if check in tripped else 0)
+            self.watchdog_held.labels(pool, h["id"]).set(1 if report.get("held") else 0)
 
     def update_gpus(self, hosts: list[dict[str, Any]]) -> None:
         """Per-GPU gauges from host records (``LiveStore.get_hosts``): registration and last telemetry."""

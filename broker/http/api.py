@@ -441,6 +441,7 @@ async def metrics(request: web.Request) -> web.Response:
         hosts = await b.live.get_hosts(await b.live.host_ids())
         m.update_streams(hosts)
         m.update_gpus(hosts)
+        m.update_watchdogs(hosts)
     except (RedisError, OSError):  # Redis down: still serve process counters
         pass
     return web.Response(body=m.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})

@@ -111,6 +111,7 @@ class HeartbeatResult:
     """What one heartbeat step did: ``status`` ok | unknown | retired."""
 
     status: str
+    host_state: str = ""  # up | draining, as the step found the host (ok only)
     stop: list[str] = field(default_factory=list)  # sessions the node runs that the broker does not
     ended: list[str] = field(default_factory=list)  # sessions the node dropped: ended node_ended
     start: list[dict[str, Any]] = field(default_factory=list)  # sessions still starting (to send again)
@@ -314,7 +315,7 @@ class LiveStore:
         status = _s(res[0])
         if status != "ok":
             return HeartbeatResult(status)
-        i = 1
+        i = 2
         lists: list[list[str]] = []
         for _ in range(2):
             n = int(res[i])
@@ -329,7 +330,7 @@ class LiveStore:
             start.append({**rec, "gpu": int(rec["gpu"]) if rec["gpu"] else None,
                           "kind": rec["kind"] or None,
                           "profile": json.loads(rec["profile"]) if rec["profile"] else None})
-        return HeartbeatResult(status, lists[0], lists[1], start)
+        return HeartbeatResult(status, _s(res[1]), lists[0], lists[1], start)
 
     async def host_down(self, host_id: str, now_ms: int) -> tuple[str, list[str]]:
         """Mark one host down if its lease is due at ``now_ms`` (status down | alive | already | not_found)."""
