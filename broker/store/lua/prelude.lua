@@ -355,10 +355,10 @@ local function record_wait(pool, wait_ms)
   redis.call('HINCRBY', k_waits(pool), 'sum_ms', wait_ms)
 end
 
--- Seat a session on (host, gpu): all writes of one bind happen together.
-local function bind(sid, pool, host, gpu, now)
-  local created = tonumber(redis.call('HGET', k_session(sid), 'created_ms') or '') or tonumber(now)
-  record_wait(pool, tonumber(now) - created)
+-- Seat a session on (host, gpu): all writes of one bind happen together.  ``created``: when it was
+-- requested (ms), for the queue wait histogram.
+local function bind(sid, pool, host, gpu, now, created)
+  record_wait(pool, tonumber(now) - (tonumber(created) or tonumber(now)))
   local hkey = k_host(host)
   redis.call('HINCRBY', hkey, 'u:' .. gpu, 1)
   refresh_host(host)
@@ -382,14 +382,14 @@ local function pump(pool, now)
   while true do
     local head = redis.call('LINDEX', k_queue(pool), 0)
     if not head then break end
-    local st = redis.call('HGET', k_session(head), 'state')
-    if st ~= 'queued' then
+    local f = redis.call('HMGET', k_session(head), 'state', 'created_ms')
+    if f[1] ~= 'queued' then
       redis.call('LPOP', k_queue(pool))  -- stale entry (ended meanwhile): drop it
     else
       local host, gpu = pick(pool)
       if host == nil then break end
       redis.call('LPOP', k_queue(pool))
-      bind(head, pool, host, gpu, now)
+      bind(head, pool, host, gpu, now, f[2])
       table.insert(seated, head)
     end
   end
