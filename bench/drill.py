@@ -89,6 +89,8 @@ ALERTS: dict[str, tuple[str, Callable[[dict[str, str], float], bool]]] = {
     "RenderBrokerGpuThrottled": ("render_broker_gpu_throttled",
                                  lambda lab, v: v > 0 and lab.get("reason") in ("hw_thermal", "sw_thermal",
                                                                                  "hw_slowdown", "hw_power_brake")),
+    "RenderBrokerNodeWatchdogDrained": ("render_broker_node_watchdog_tripped", lambda _lab, v: v == 1),
+    "RenderBrokerNodeWatchdogHeld": ("render_broker_node_watchdog_held", lambda _lab, v: v == 1),
 }
 
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 from broker.errors import ValidationError
-from broker.protocol import PlacementStrategy, PoolKind
+from broker.protocol import PlacementStrategy, PoolKind, WatchdogCheck
 from broker.validate import Field, validate
 
 NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")  # pool/host ids: DNS-label-like
@@ -175,6 +175,15 @@ GPU_TELEMETRY_SCHEMA: Final = {
                               description="Active NVML clock-event (throttle) reasons, short names"),
 }
 
+WATCHDOG_REPORT_SCHEMA: Final = {
+    "tripped": Field("array", default=[], max_items=len(WatchdogCheck),
+                     items=Field("str", choices=tuple(WatchdogCheck)),
+                     description="the checks that failed since the node's watchdog drained the host (empty: it "
+                                 "has not)"),
+    "held": Field("bool", default=False,
+                  description="the watchdog tripped too often and holds the drain until an operator undrains"),
+}
+
 HEARTBEAT_SCHEMA: Final = {
     "gpus": Field("array", default=[], items=Field("object", schema=GPU_TELEMETRY_SCHEMA), max_items=64),
     "sessions": Field("array", default=[], items=Field("object", schema=SESSION_TELEMETRY_SCHEMA),
@@ -185,6 +194,8 @@ HEARTBEAT_SCHEMA: Final = {
     "encoder_errors_total": Field("int", nullable=True, minimum=0, maximum=MAX_COUNT,
                                   description="encoder errors of every session this node ran since it started "
                                               "(a counter)"),
+    "watchdog": Field("object", nullable=True, schema=WATCHDOG_REPORT_SCHEMA,
+                      description="the node watchdog's state (null or absent: the node runs none)"),
 }
 
 PROFILE_SCHEMA: Final = {

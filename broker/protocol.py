@@ -67,6 +67,19 @@ class HostState(StrEnum):
     DOWN = "down"
 
 
+class WatchdogCheck(StrEnum):
+    """A node watchdog check (``streamer.node.watchdog``): the ``reason`` code of a drain it asks for, and
+    what a heartbeat's ``watchdog.tripped`` lists (the broker exports them as a bounded label, ``check``)."""
+
+    GPU_HOT = "gpu_hot"
+    GPU_THROTTLED = "gpu_throttled"
+    VRAM_LEAK = "vram_leak"
+    SESSION_FAILURES = "session_failures"
+    ENCODER_ERRORS = "encoder_errors"
+    SELFTEST_FAILED = "selftest_failed"
+    LOOP_LAG = "loop_lag"
+
+
 class PlacementStrategy(StrEnum):
     """AVD load-balancing meanings: breadth spreads, depth packs."""
 

@@ -270,8 +270,9 @@ class Broker:
         for sid in res.ended:
             self.stats.sessions_ended += 1
             log.info("session %s ended: %s (node no longer runs it)", sid, EndReason.NODE_ENDED)
+        # host_state: the node's watchdog compares it with its own (an operator's undrain releases a hold)
         return {"status": "ok", "start": [self.session_command(s) for s in res.start], "stop": res.stop,
-                "lease_ttl_s": self.settings.host_lease_ttl_s}
+                "lease_ttl_s": self.settings.host_lease_ttl_s, "host_state": res.host_state}
 
     async def set_host_state(self, who: Principal, host_id: str, state: HostState,
                              reason: str = "") -> dict[str, Any]:

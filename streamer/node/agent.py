@@ -419,6 +419,8 @@ class NodeAgent:
         for k, ended in self._ended_counts.items():  # the node's counters: sessions gone + live ones
             body[f"{k}_total"] = ended + sum(int(e.get(k) or 0) for e in sessions)
         await self._watch(gpus, int(body["encoder_errors_total"]))
+        if (watchdog := self.health.heartbeat_report()) is not None:
+            body["watchdog"] = watchdog
         async with self.http.put(self._url(f"/hosts/{self.host_id}/heartbeat"), json=body,
                                  headers=self._auth()) as r:
             data = await r.json()
@@ -433,6 +435,8 @@ class NodeAgent:
             if r.status != 200:
                 raise RuntimeError(f"heartbeat refused: {r.status} {data}")
         self._take_credential(data)
+        if not self._shutting_down:  # (a node shutting down asks for no drain: nothing to compare)
+            self.health.host_state(data.get("host_state"))
         for cmd in data.get("start", []):
             self._start_session(cmd["session"])
         for sid in data.get("stop", []):

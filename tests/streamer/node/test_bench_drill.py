@@ -36,7 +36,8 @@ async def test_hot_gpu_failing_encoder_and_redis_lost_drills_lose_nothing() -> N
 
     assert hot.drained == {"hot-victim": "watchdog: gpu_hot: GPU 0 at 95 C (limit 90 C)"}
     assert {"RenderBrokerHostsDraining", "RenderBrokerGpuHot", "RenderBrokerGpuOverheating",
-            "RenderBrokerGpuThrottled"} <= set(hot.fired)
+            "RenderBrokerGpuThrottled", "RenderBrokerNodeWatchdogDrained"} <= set(hot.fired)
+    assert "RenderBrokerNodeWatchdogHeld" not in hot.fired  # one trip: it undrains by itself once healthy
     assert "RenderBrokerHostDown" not in hot.fired
     assert hot.detect_s is not None and hot.sessions == 2 * drill.SEATS
     assert (hot.lost_on_victim, hot.lost_elsewhere) == (0, 0)  # a drain stops new seatings only
@@ -44,7 +45,7 @@ async def test_hot_gpu_failing_encoder_and_redis_lost_drills_lose_nothing() -> N
     # the self-test failed, and its 30 failed frames are 30 encoder errors in one heartbeat: both reasons
     assert enc.drained["enc-victim"].startswith("watchdog: encoder_errors: 30 encoder error(s)")
     assert "selftest_failed: the frame pipeline gave up" in enc.drained["enc-victim"]
-    assert enc.fired == ["RenderBrokerHostsDraining"]
+    assert enc.fired == ["RenderBrokerHostsDraining", "RenderBrokerNodeWatchdogDrained"]
     assert enc.encoder_errors is not None and enc.encoder_errors >= 30  # the frames that failed before it gave up
     assert (enc.lost_on_victim, enc.lost_elsewhere) == (0, 0)
 
