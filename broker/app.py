@@ -165,7 +165,8 @@ def make_ctx(clock: Clock) -> Callable[[web.Application], AsyncIterator[None]]:
         await migrate(engine)
         live = LiveStore(app[REDIS_KEY], s.redis_prefix)
         metrics = app[METRICS]
-        broker = Broker(s, live, Repository(engine), clock, metrics.allocation.observe)
+        broker = Broker(s, live, Repository(engine), clock, metrics.allocation.observe,
+                        on_start_timeout=metrics.start_timed_out)
         app[BROKER] = broker
         hub = Hub(app[REDIS_KEY], s.redis_prefix)
         app[HUB] = hub

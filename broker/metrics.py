@@ -75,30 +75,79 @@ HOST_COUNTERS: dict[str, tuple[str, str]] = {
     "encoder_errors_total": ("render_broker_encoder_errors",
                              "Encoder errors (frames the encoder failed on, encoders that failed to open) of the "
                              "sessions and stream self-tests a node ran, counted by the node since it started"),
+    "session_starts_total": ("render_broker_session_starts",
+                             "Session starts a node attempted (staged sessions included), counted by the node since "
+                             "it started"),
+}
+# heartbeat field (an object of node-cumulative counts by reason) -> (counter, help); labels pool, host, reason
+HOST_REASON_COUNTERS: dict[str, tuple[str, str]] = {
+    "session_start_failures_total": ("render_broker_session_start_failures",
+                                     "Session starts that failed on a node, by reason (refused, display, encoder, "
+                                     "error; ice_failed, dtls_failed: the session's first viewer connection "
+                                     "failed), counted by the node since it started"),
+}
+# heartbeat field (a node-cumulative histogram in ms: {"le", "counts", "sum"}) -> (histogram, help, divisor)
+HOST_HISTOGRAMS: dict[str, tuple[str, str, float]] = {
+    "glass_to_glass_ms": ("render_broker_stream_glass_to_glass_seconds",
+                          "Glass-to-glass latency the viewers of a node's sessions measured (a frame's render "
+                          "stamp to its display; web client, built-in game), seconds, since the node started",
+                          1000.0),
 }
 
 
+def histogram_buckets(histogram: dict[str, Any], divisor: float) -> tuple[list[tuple[str, float]], float]:
+    """A heartbeat histogram ({"le", "counts", "sum"}, validated) as Prometheus' cumulative buckets
+    (le in the metric's unit, "+Inf" last) and its sum in that unit."""
+    buckets: list[tuple[str, float]] = []
+    total = 0
+    for bound, n in zip([*histogram["le"], None], histogram["counts"], strict=True):
+        total += n
+        buckets.append(("+Inf" if bound is None else repr(bound / divisor), float(total)))
+    return buckets, histogram["sum"] / divisor
+
+
 class HostCounters:
-    """Counters a node keeps and reports in each heartbeat, exported per pool and host as they stand.
+    """Counters and histograms a node keeps and reports in each heartbeat, exported per pool and host
+    (and reason, for counts by reason) as they stand.
 
     The node owns the count (monotonic while it runs, reset by a restart: Prometheus' counter
     semantics), so every replica exports the same figure for a host; ``rate()`` over it is the
-    host's rate.  A host whose lease expired exports nothing (its last figure is stale).
+    host's rate.  A host whose lease expired exports nothing (its last figure is stale).  The host
+    label stays even where alerts want a pool's figure: a pool-wide sum would drop when a host
+    leaves, which Prometheus would read as a counter reset (a false burst).
     """
 
     def __init__(self) -> None:
         self.rows: list[tuple[str, str, dict[str, Any]]] = []  # (pool, host, last telemetry)
 
-    def describe(self) -> list[CounterMetricFamily]:
-        return [CounterMetricFamily(name, doc, labels=["pool", "host"]) for name, doc in HOST_COUNTERS.values()]
+    def describe(self) -> list[CounterMetricFamily | HistogramMetricFamily]:
+        return [*(CounterMetricFamily(name, doc, labels=["pool", "host"]) for name, doc in HOST_COUNTERS.values()),
+                *(CounterMetricFamily(name, doc, labels=["pool", "host", "reason"])
+                  for name, doc in HOST_REASON_COUNTERS.values()),
+                *(HistogramMetricFamily(name, doc, labels=["pool", "host"])
+                  for name, doc, _divisor in HOST_HISTOGRAMS.values())]
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
         for field, (name, doc) in HOST_COUNTERS.items():
             family = CounterMetricFamily(name, doc, labels=["pool", "host"])
             for pool, host, tel in self.rows:
                 if tel.get(field) is not None:
                     family.add_metric([pool, host], float(tel[field]))
             yield family
+        for field, (name, doc) in HOST_REASON_COUNTERS.items():
+            family = CounterMetricFamily(name, doc, labels=["pool", "host", "reason"])
+            for pool, host, tel in self.rows:
+                for reason, n in sorted((tel.get(field) or {}).items()):
+                    if n is not None:
+                        family.add_metric([pool, host, reason], float(n))
+            yield family
+        for field, (name, doc, divisor) in HOST_HISTOGRAMS.items():
+            hist = HistogramMetricFamily(name, doc, labels=["pool", "host"])
+            for pool, host, tel in self.rows:
+                if tel.get(field):
+                    buckets, total = histogram_buckets(tel[field], divisor)
+                    hist.add_metric([pool, host], buckets, total)
+            yield hist
 
 
 QUEUE_WAIT = ("render_broker_queue_wait_seconds",
@@ -178,6 +227,11 @@ class Metrics:
         r.register(self.host_counters)
         self.queue_waits = QueueWaitHistogram()
         r.register(self.queue_waits)
+        # this process's own: sessions its reaper ended because their node never made them ready
+        self.start_timeouts = Counter("render_broker_session_start_timeouts_total",
+                                      "Sessions ended start_failed by the broker: their node did not report them "
+                                      "running within the start timeout (this replica's reaper)", ["pool"],
+                                      registry=r)
         self.gpu = {f: Gauge(name, doc, GPU_LABELS, registry=r) for f, (name, doc, _scale) in GPU_GAUGES.items()}
         self.gpu_vram_total = Gauge("render_broker_gpu_vram_total_bytes",
                                     "GPU memory, bytes (NVML's figure, else the registered size)", GPU_LABELS,
@@ -211,6 +265,11 @@ class Metrics:
             self.queue.labels(name).set(p["queue_length"])
             self.seats_used.labels(name).set(p["seats_used"])
             self.seats_total.labels(name).set(p["seats_total"])
+            self.start_timeouts.labels(name)  # every pool's series from 0, so rate() sees its first timeout
+
+    def start_timed_out(self, pool: str) -> None:
+        """The reaper ended a session of ``pool`` because its node never made it ready."""
+        self.start_timeouts.labels(pool).inc()
 
     def update_queue_waits(self, waits: dict[str, QueueWaits]) -> None:
         self.queue_waits.pools = dict(waits)
