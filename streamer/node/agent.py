@@ -148,7 +148,8 @@ class NodeAgent:
         # the stream self-test, on idle capacity only: no session live or starting
         self.selftest = SelftestRunner(
             SelftestConfig(encoder_preference=settings.encoder,
-                           advertise_addresses=tuple(settings.advertise_addresses) or ("127.0.0.1",)),
+                           advertise_addresses=tuple(settings.advertise_addresses) or ("127.0.0.1",),
+                           source=settings.selftest_source, capture_backend=settings.capture),
             settings.selftest_interval_s,
             idle=lambda: not self.sessions and not self._starting and not self._shutting_down,
             on_result=self._selftest_result)
