@@ -45,14 +45,15 @@ def session_pids(kind: str) -> set[int]:
 
 
 @contextlib.asynccontextmanager
-async def node_process(broker_url: str, pool: str, host_id: str, log: Path,
-                       shutdown_grace_s: float = 0) -> AsyncIterator[asyncio.subprocess.Process]:
+async def node_process(broker_url: str, pool: str, host_id: str, log: Path, shutdown_grace_s: float = 0,
+                       extra: tuple[str, ...] = ()) -> AsyncIterator[asyncio.subprocess.Process]:
+    """A ``render-node`` child (one seat, loopback ICE, 1 s heartbeats); ``extra`` adds settings."""
     with open(log, "ab") as fh:  # noqa: ASYNC230 (a local log file, opened once)
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "streamer", "--broker-url", broker_url, "--node-token", NODE, "--pool", pool,
             "--host-id", host_id, "--seats", "1", "--advertise-addresses", "127.0.0.1",
             "--heartbeat-interval-s", "1", "--shutdown-grace-s", str(shutdown_grace_s), *session_user_args(),
-            stdout=fh, stderr=fh, start_new_session=True)
+            *extra, stdout=fh, stderr=fh, start_new_session=True)
     try:
         yield proc
     finally:
