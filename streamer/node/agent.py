@@ -489,6 +489,9 @@ class NodeAgent:
 
     async def _on_command(self, ws: aiohttp.ClientWebSocketResponse, cmd: dict[str, Any]) -> None:
         kind = cmd.get("cmd")
+        if kind in (NodeCommand.START, NodeCommand.STOP, NodeCommand.WARN):  # not signal: one per ICE candidate
+            sid = cmd["session"]["id"] if kind == NodeCommand.START else cmd.get("session_id")
+            log.info("command socket: %s %s%s", kind, sid, " (bind)" if cmd.get("bind") else "")
         if kind == NodeCommand.START:
             self._start_session(cmd["session"])
         elif kind == NodeCommand.STOP:
