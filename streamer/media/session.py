@@ -820,6 +820,10 @@ class SessionRuntime:
         )  # ice_servers were validated by start()
         try:
             answer = await peer.answer(sdp, selection.backend.webrtc_codec, early)
+        except asyncio.CancelledError:  # the node gave up on this offer (its timeout, or the session stops)
+            with contextlib.suppress(Exception):
+                await peer.close()
+            raise
         except Exception as exc:  # boundary: a viewer's SDP must never take the session down
             log.warning("session %s: offer rejected: %r", self.spec.id, exc)
             await peer.close()

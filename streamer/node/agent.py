@@ -28,8 +28,13 @@ heartbeat) stops: the agent ends its sessions and ``run()`` returns, so a
 scaled-in node never comes back under its id before its provider stops it.
 
 Concurrency: one asyncio loop; one task per concurrent job (heartbeat loop,
-command socket loop, one start task per session).  Every session runtime is
-stopped on shutdown, so the node leaves no display or process behind.
+command socket loop, one start task per session, one task per viewer signaling
+message).  The command loop never awaits a signaling message: an offer that
+hangs (``OFFER_TIMEOUT_S`` bounds it) cannot hold up a later stop or another
+session's offer.  A session's messages still apply in arrival order (each task
+reaches the runtime's FIFO signal lock before the next one starts), and
+stopping a session cancels its messages in flight first.  Every session
+runtime is stopped on shutdown, so the node leaves no display or process behind.
 Invariant: at most one runtime per session id.
 """
 
@@ -48,7 +53,7 @@ from typing import Any
 
 import aiohttp
 
-from broker.protocol import API_PREFIX, NodeCommand
+from broker.protocol import API_PREFIX, NodeCommand, SignalType
 from rbcommon.procs import sweep_stale_tmpdirs
 from rbcommon.udpports import PortRange
 from streamer.desktop import sessionuser
@@ -73,6 +78,9 @@ RETRY_MAX_S = 5.0  # backoff cap for broker reconnects
 # a user is handed it meanwhile: the refill the broker asks for when it hands one out would otherwise
 # start its display, app and encoder while that user's viewer connects, on the same CPUs.
 STAGED_START_DELAY_S = 1.0
+# An offer the runtime has not answered in this long is abandoned (logged): its peer is closed and the
+# session's later messages go on.  The clients send their offer again after 10 s without an answer.
+OFFER_TIMEOUT_S = 20.0
 
 
 def seat_gpu(raw: object) -> int | None:
@@ -116,6 +124,7 @@ class NodeAgent:
         # the start command that names the user, applied once the runtime is up
         self._binding: dict[str, dict[str, Any]] = {}
         self._bound: dict[str, asyncio.Event] = {}  # set when a staged session waiting to start is handed out
+        self._signals: dict[str, set[asyncio.Task[None]]] = {}  # viewer signaling messages in flight, by session
         self.gpus: list[GpuInfo] = []
         self._http: aiohttp.ClientSession | None = None
         self._stop = asyncio.Event()
@@ -308,6 +317,8 @@ class NodeAgent:
     async def stop_all(self, why: str) -> None:
         for t in list(self._starting.values()):
             t.cancel()
+        for sid in list(self._signals):
+            await self._cancel_signals(sid)
         for sid in list(self.sessions):
             await self._stop_session(sid, why, report=False)
 
@@ -501,18 +512,58 @@ class NodeAgent:
             if rt:
                 await rt.warn(cmd.get("code", "warning"), cmd.get("detail", ""), int(cmd.get("ends_in_s", 0)))
         elif kind == NodeCommand.SIGNAL:
-            sid = cmd["session_id"]
-            task = self._starting.get(sid)
-            if task is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(task)  # an offer can arrive while the runtime is still starting
-            rt = self.sessions.get(sid)
-            if rt is None:
-                return
-            for reply in await rt.handle_signal(cmd["msg"]):
-                await ws.send_json({"cmd": NodeCommand.SIGNAL.value, "session_id": sid, "msg": reply})
+            sid = str(cmd["session_id"])
+            task = asyncio.create_task(self._on_signal(ws, sid, cmd["msg"]), name=f"signal-{sid}")
+            tasks = self._signals.setdefault(sid, set())
+            tasks.add(task)
+            task.add_done_callback(lambda t: self._signal_done(sid, t))
         elif kind == "error":
             log.warning("broker says: %s", cmd.get("detail"))
+
+    async def _on_signal(self, ws: aiohttp.ClientWebSocketResponse, sid: str, msg: Any) -> None:
+        """Apply one viewer signaling message and send the runtime's replies (a task of its own)."""
+        task = self._starting.get(sid)
+        if task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)  # an offer can arrive while the runtime is still starting
+        rt = self.sessions.get(sid)
+        if rt is None:
+            return
+        offer = isinstance(msg, dict) and msg.get("type") == SignalType.OFFER
+        if not offer:
+            replies = await rt.handle_signal(msg)
+        else:
+            log.info("session %s: offer received", sid)
+            t0 = time.monotonic()
+            try:
+                async with asyncio.timeout(OFFER_TIMEOUT_S):
+                    replies = await rt.handle_signal(msg)
+            except TimeoutError:
+                log.warning("session %s: offer not answered in %g s: abandoned (the viewer offers again)", sid,
+                            OFFER_TIMEOUT_S)
+                return
+            first = replies[0] if replies else {}
+            log.info("session %s: offer answered in %.0f ms (%s)", sid, (time.monotonic() - t0) * 1000,
+                     first.get("code") or first.get("type") or "no reply")
+        for reply in replies:
+            await ws.send_json({"cmd": NodeCommand.SIGNAL.value, "session_id": sid, "msg": reply})
+
+    def _signal_done(self, sid: str, task: asyncio.Task[None]) -> None:
+        tasks = self._signals.get(sid)
+        if tasks is not None:
+            tasks.discard(task)
+            if not tasks:
+                del self._signals[sid]
+        if not task.cancelled() and task.exception() is not None:  # task boundary: the socket goes on
+            log.warning("session %s: signaling message failed: %r", sid, task.exception())
+
+    async def _cancel_signals(self, sid: str) -> None:
+        """Cancel a session's signaling messages in flight and wait for them (they release its signal lock)."""
+        tasks = self._signals.pop(sid, set()) - {asyncio.current_task()}
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
 
     # ---- sessions --------------------------------------------------------------------------
     def _start_session(self, s: dict[str, Any]) -> None:
@@ -628,6 +679,7 @@ class NodeAgent:
             await self._stop_session(sid, info.get("reason", "app exited"), report=True)
 
     async def _stop_session(self, sid: str, why: str, *, report: bool) -> None:
+        await self._cancel_signals(sid)  # an offer in progress holds the runtime's signal lock, which stop needs
         rt = self.sessions.pop(sid, None)
         self._claims.pop(sid, None)
         self._binding.pop(sid, None)
