@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
+from redis.exceptions import RedisError
 
 from broker.embedded import EmbeddedRedis, free_port
 from rbcommon.procs import terminate_group
@@ -96,11 +97,27 @@ class OneCall:
     async def __call__(self, i: int) -> None: ...
 
 
-async def bench_broker(redis_url: str, clients: int, duration_s: float) -> Run:
+async def _delete_keys(redis_url: str, pattern: str) -> int:
+    """Delete the keys matching ``pattern`` (a run's own prefix: the Redis may be shared); returns how many."""
+    import redis.asyncio as aioredis
+
+    r = aioredis.Redis.from_url(redis_url)
+    try:
+        keys = [k async for k in r.scan_iter(pattern, count=1000)]
+        for i in range(0, len(keys), 1000):
+            await r.delete(*keys[i:i + 1000])
+        return len(keys)
+    finally:
+        await r.aclose()
+
+
+async def bench_broker(redis_url: str, clients: int, duration_s: float, prefix: str = "") -> Run:
+    """Measure the broker; its state lives under ``prefix`` (default: a fresh ``bench??????``), deleted after."""
     port = free_port()
     admin, node = uuid.uuid4().hex, uuid.uuid4().hex
+    prefix = prefix or "bench" + admin[:6]
     with tempfile.TemporaryDirectory() as tmp:
-        env = {"BROKER_PORT": str(port), "BROKER_REDIS_URL": redis_url, "BROKER_REDIS_PREFIX": "bench" + admin[:6],
+        env = {"BROKER_PORT": str(port), "BROKER_REDIS_URL": redis_url, "BROKER_REDIS_PREFIX": prefix,
                "BROKER_ADMIN_TOKEN": admin, "BROKER_NODE_TOKEN": node, "BROKER_SECRET": admin,
                "BROKER_DATA_DIR": tmp, "BROKER_LOG_LEVEL": "warning", "BROKER_REAPER_INTERVAL_S": "5"}
         proc = await _spawn([sys.executable, "-m", "broker", "serve"], env)
@@ -144,25 +161,27 @@ async def bench_broker(redis_url: str, clients: int, duration_s: float) -> Run:
             return Run(n / busy, lat, cpu / max(n, 1) * 1e3)
         finally:
             await terminate_group(proc)
+            with contextlib.suppress(RedisError, OSError):  # a Redis gone away already failed the run
+                await _delete_keys(redis_url, f"{prefix}:*")  # ~8,000 keys a run (sessions, history, users)
 
 
-def _bare_app(redis_url: str) -> web.Application:
+def _bare_app(redis_url: str, key: str) -> web.Application:
     import redis.asyncio as aioredis
 
-    key = web.AppKey("r", aioredis.Redis)
+    rkey = web.AppKey("r", aioredis.Redis)
 
     async def ctx(app: web.Application):  # type: ignore[no-untyped-def]
-        app[key] = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(redis_url,
+        app[rkey] = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(redis_url,
                                                                                           max_connections=64))
         yield
-        await app[key].aclose()
+        await app[rkey].aclose()
 
     async def handler(request: web.Request) -> web.Response:
-        n = await request.app[key].incr("bench:bare")
+        n = await request.app[rkey].incr(key)
         return web.json_response({"id": f"{n:032x}"}, status=201)
 
     async def end(request: web.Request) -> web.Response:
-        n = await request.app[key].decr("bench:bare")
+        n = await request.app[rkey].decr(key)
         return web.json_response({"id": request.match_info["sid"], "n": n})
 
     async def ready(_r: web.Request) -> web.Response:
@@ -176,10 +195,12 @@ def _bare_app(redis_url: str) -> web.Application:
     return app
 
 
-async def bench_bare(redis_url: str, clients: int, duration_s: float) -> Run:
+async def bench_bare(redis_url: str, clients: int, duration_s: float, key: str = "") -> Run:
+    """Measure the bare server; its one counter is ``key`` (default: a fresh ``bench??????:bare``), deleted after."""
     port = free_port()
-    proc = await _spawn([sys.executable, "-m", "broker.bench", "--bare-server", str(port), "--redis-url", redis_url],
-                        {})
+    key = key or f"bench{uuid.uuid4().hex[:6]}:bare"
+    proc = await _spawn([sys.executable, "-m", "broker.bench", "--bare-server", str(port), "--redis-url", redis_url,
+                         "--bare-key", key], {})
     base = f"http://127.0.0.1:{port}"
     try:
         await _wait(base + "/readyz")
@@ -203,6 +224,8 @@ async def bench_bare(redis_url: str, clients: int, duration_s: float) -> Run:
             return Run(n / busy, lat, cpu / max(n, 1) * 1e3)
     finally:
         await terminate_group(proc)
+        with contextlib.suppress(RedisError, OSError):
+            await _delete_keys(redis_url, key)
 
 
 async def main(argv: Sequence[str]) -> int:
@@ -212,9 +235,10 @@ async def main(argv: Sequence[str]) -> int:
     p.add_argument("--duration-s", type=float, default=5.0)
     p.add_argument("--redis-url", default="")
     p.add_argument("--bare-server", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--bare-key", default="bench:bare", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.bare_server:
-        await web._run_app(_bare_app(a.redis_url), host="127.0.0.1", port=a.bare_server, print=None)
+        await web._run_app(_bare_app(a.redis_url, a.bare_key), host="127.0.0.1", port=a.bare_server, print=None)
         return 0
     embedded = None
     url = a.redis_url
