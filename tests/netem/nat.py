@@ -20,8 +20,11 @@ Topology (one namespace per role, ``rbn<pid>x<n>-<role>``; addresses are documen
   between the home network and the node's: node and viewer cannot reach each other directly.
   Services every side reaches (the broker) run here, at ``CORE_VIEWER_IP`` / ``CORE_NODE_IP``.
 Every translating or dropping rule is in table ``ip rbnat`` of its namespace with a counter named by
-its comment (``counter(side, comment)``).  Built in the constructor; ``close()`` (or the context
-manager) kills every process started by ``popen`` and deletes the namespaces (``lab.Netns``).
+its comment (``counter(side, comment)``).  NAT rules count connections (only a connection's first
+packet meets them); the edge's ``viewer to turn`` and ``turn to viewer`` count every packet between
+coturn's private address and the home router's public one (the path through both NATs).  Built in
+the constructor; ``close()`` (or the context manager) kills every process started by ``popen`` and
+deletes the namespaces (``lab.Netns``).
 """
 
 from __future__ import annotations
@@ -64,6 +67,11 @@ _EDGE_RULES = f"""table ip {TABLE} {{
   chain postrouting {{
     type nat hook postrouting priority srcnat; policy accept;
     ip saddr {TURN_PRIVATE_IP} oifname "wan" counter snat to {TURN_PUBLIC_IP} comment "snat"
+  }}
+  chain forward {{
+    type filter hook forward priority filter; policy accept;
+    ip saddr {HOME_WAN_IP} ip daddr {TURN_PRIVATE_IP} counter comment "viewer to turn"
+    ip saddr {TURN_PRIVATE_IP} ip daddr {HOME_WAN_IP} counter comment "turn to viewer"
   }}
 }}
 """

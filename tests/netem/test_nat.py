@@ -118,5 +118,7 @@ def test_an_aiortc_viewer_behind_nat_streams_through_turn(nat: NatLab) -> None:
     assert result["local_types"] == ["relay"] and result["relay_addresses"] == [TURN_PUBLIC_IP]
     assert result["node_candidate"] == "relay"
     assert nat.counter("home", "masquerade") > 0  # the viewer's packets were translated on the way out
+    # every packet between coturn and the viewer crossed both NATs (media one way, RTCP and checks back)
+    assert nat.counter("edge", "turn to viewer") > 30 and nat.counter("edge", "viewer to turn") > 0
     # viewer -> coturn and node -> the viewer's relay address: both flows entered at the public address
     assert nat.counter("edge", "dnat") >= 2
