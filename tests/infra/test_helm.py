@@ -108,6 +108,7 @@ def test_the_schema_check_would_catch_a_mistake() -> None:
     ({"nodePools": [{"name": "p", "replicas": 1, "gpus": 1, "shutdownGraceS": 60, "gpu": 2}]}, "nodePools.0"),
     ({"broker": {"env": {"NODE_SEATS": "2"}}}, "broker.env"),
     ({"broker": {"redisSentinels": ["s0"]}}, "broker.redisSentinels.0"),
+    ({"turn": {"externalIp": "turn.example.com"}}, "turn.externalIp"),
 ])
 def test_values_schema_refuses_bad_values_naming_the_field(bad: dict[str, Any], where: str) -> None:
     with pytest.raises(render.TemplateError, match=rf"values.schema.json: {re.escape(where)}: "):
@@ -229,18 +230,32 @@ def test_turn_server_shares_the_brokers_secret_and_port() -> None:
     svc = one(docs, "Service", "rb-turn")
     assert {(p["port"], p["protocol"]) for p in svc["spec"]["ports"]} == {(3478, "UDP"), (3478, "TCP")}
     assert "--listening-port=3478" in c["args"] and "--no-tcp-relay" in c["args"]
-    extra = render.merge_values(BASE, {"turn": {"extraArgs": ["--denied-peer-ip=10.96.0.0-10.111.255.255"]}})
-    [turn2] = [d for _n, d in render.render_chart(CHART, extra, release="rb", namespace="gpu")
-               if d["kind"] == "Deployment" and d["metadata"]["name"] == "rb-turn"]
-    assert turn2["spec"]["template"]["spec"]["containers"][0]["args"][-1] == "--denied-peer-ip=10.96.0.0-10.111.255.255"
+    extra = turn_args({"turn": {"extraArgs": ["--denied-peer-ip=10.96.0.0-10.111.255.255"]}})
+    assert extra[-1] == "--denied-peer-ip=10.96.0.0-10.111.255.255"
     assert svc["spec"]["selector"].items() <= turn["spec"]["template"]["metadata"]["labels"].items()
+
+
+NAT_EXTERNAL_IP = "203.0.113.10/10.0.0.5"  # turn.externalIp: a public address mapped 1:1 onto the private one
+
+
+def turn_args(values: dict[str, Any]) -> list[str]:
+    docs = render.render_chart(CHART, render.merge_values(BASE, values), release="rb", namespace="gpu")
+    [turn] = [d for _n, d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "rb-turn"]
+    [c] = turn["spec"]["template"]["spec"]["containers"]
+    return list(c["args"])
+
+
+def test_turn_external_ip_becomes_coturns_external_ip() -> None:
+    assert not [a for a in turn_args({}) if a.startswith("--external-ip")]  # by default the host's own address
+    args = turn_args({"turn": {"externalIp": NAT_EXTERNAL_IP}})
+    assert [a for a in args if a.startswith("--external-ip")] == [f"--external-ip={NAT_EXTERNAL_IP}"]
+    assert turn_args({"turn": {"externalIp": "203.0.113.10"}}).count("--external-ip=203.0.113.10") == 1
 
 
 @needs_turnserver
 async def test_coturn_accepts_the_charts_arguments(unused_tcp_port_factory) -> None:
-    [c] = one(rendered(), "Deployment", "rb-turn")["spec"]["template"]["spec"]["containers"]
-    args = [a.replace("$(TURN_SECRET)", "turn") for a in c["args"]]  # what the kubelet expands
-    await coturn_accepts(args, unused_tcp_port_factory())
+    args = [a.replace("$(TURN_SECRET)", "turn") for a in turn_args({"turn": {"externalIp": NAT_EXTERNAL_IP}})]
+    await coturn_accepts(args, unused_tcp_port_factory())  # $(TURN_SECRET) expanded as the kubelet would
 
 
 def test_service_monitor_scrapes_the_admin_listener() -> None:

@@ -31,7 +31,8 @@ namespaces (veths are created directly inside them; rules and qdiscs live inside
 ``close()`` is idempotent: it kills the process groups started by ``popen``, the emulator and
 anything left inside the namespaces, then deletes the namespaces.  Labs still open at
 interpreter exit are closed by an atexit hook; namespaces left by dead processes (same prefix,
-pid no longer alive) are swept when a Lab starts.
+pid no longer alive) are swept when a Lab starts.  ``Netns`` (namespaces, processes, nft rules and
+teardown) is the part shared with other topologies (``nat.py``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, Self
 
 from rbcommon.procs import pid_alive
 
@@ -80,9 +81,9 @@ EMULATOR_TIMEOUT_S = 10.0  # emulator start and acknowledgement
 KILL_GRACE_S = 2.0  # SIGTERM -> SIGKILL grace per process group
 
 DELAYQ_PATH = Path(__file__).with_name("delayq.py")
-_NS_RE = re.compile(rf"^{NS_PREFIX}(\d+)x(\d+)-(node|router|viewer|probe)\b")
+_NS_RE = re.compile(rf"^{NS_PREFIX}(\d+)x(\d+)-([a-z]+)\b")  # <prefix><pid>x<n>-<role>
 
-Side = Literal["node", "viewer", "router"]
+Side = Literal["node", "viewer", "router"]  # the Lab's namespace roles
 
 
 class LabError(RuntimeError):
@@ -297,7 +298,7 @@ class _Emulator:
         self._stderr.close()
 
 
-_open_labs: set[Lab] = set()  # strong references: a Lab dropped unclosed is still closed at exit
+_open_labs: set[Netns] = set()  # strong references: a lab dropped unclosed is still closed at exit
 _counter = itertools.count(1)
 
 
@@ -307,7 +308,103 @@ def _close_open_labs() -> None:
         lab.close()
 
 
-class Lab:
+class Netns:
+    """Network namespaces made for one test, one per role (``rbn<pid>x<n>-<role>``), and the
+    processes started in them; subclasses join them with links and rules.
+
+    IPv6 is off in each (no router solicitations or MLD on the path); the ``routers`` forward IPv4.
+    ``close()`` is idempotent: it kills the process groups started by ``popen`` (the last started
+    first, so a server, e.g. the broker, is not left waiting on its clients' connections), anything
+    else left inside the namespaces, then deletes them (also at interpreter exit).  ``_lock`` serializes
+    ``popen``, ``nft`` and ``close`` (subclasses take it for their own changes too).
+    """
+
+    def __init__(self, roles: Sequence[str], routers: Sequence[str] = ()) -> None:
+        reason = unavailable_reason()
+        if reason is not None:
+            raise LabError(f"network lab unavailable: {reason}")
+        sweep_stale_namespaces()
+        base = f"{NS_PREFIX}{os.getpid()}x{next(_counter)}"
+        self.namespaces = {role: f"{base}-{role}" for role in roles}
+        self._created: list[str] = []
+        self._procs: list[subprocess.Popen[Any]] = []
+        self._closed = False
+        self._lock = threading.Lock()
+        _open_labs.add(self)
+        try:
+            for role, ns in self.namespaces.items():
+                _run(["ip", "netns", "add", ns])
+                self._created.append(ns)
+                sysctls = ["net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]
+                if role in routers:
+                    sysctls.append("net.ipv4.ip_forward=1")
+                self._ns_sh(ns, ["sysctl", "-q", "-w", *sysctls])
+        except BaseException:
+            self.close()
+            raise
+
+    def _ns_sh(self, ns: str, argv: Sequence[str], stdin: str | None = None) -> str:
+        return _run(["ip", "netns", "exec", ns, *argv], stdin=stdin)
+
+    def popen(self, side: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        """Start ``argv`` inside the namespace of role ``side``, in its own process group.
+
+        ``kwargs`` go to ``subprocess.Popen``.  The process group is killed by ``close()``.
+        """
+        ns = self.namespaces[side]
+        kwargs.setdefault("start_new_session", True)
+        with self._lock:
+            if self._closed:
+                raise LabError("lab is closed")
+            proc: subprocess.Popen[Any] = subprocess.Popen(["ip", "netns", "exec", ns, *argv], **kwargs)
+            self._procs.append(proc)
+        return proc
+
+    def nft(self, side: str, ruleset: str) -> None:
+        """Load nftables rules in the namespace of role ``side``; they go with it on ``close()``."""
+        with self._lock:
+            if self._closed:
+                raise LabError("lab is closed")
+            self._ns_sh(self.namespaces[side], ["nft", "-f", "-"], stdin=ruleset)
+
+    def nft_counter(self, side: str, table: str, comment: str) -> int:
+        """Packets counted by the rule of ``table`` (family inet or ip) in role ``side`` whose
+        comment is ``comment``; LabError if there is no such rule."""
+        out = json.loads(self._ns_sh(self.namespaces[side], ["nft", "-j", "list", "ruleset"]))
+        for item in out.get("nftables", []):
+            rule = item.get("rule")
+            if rule and rule["table"] == table and rule.get("comment") == comment:
+                for expr in rule["expr"]:
+                    if "counter" in expr:
+                        return int(expr["counter"]["packets"])
+        raise LabError(f"no counted rule {comment!r} in table {table} of {side}")
+
+    def _stop_helpers(self) -> None:
+        """Subclass hook: stop what the subclass started itself, after ``popen``'s processes."""
+
+    def close(self) -> None:
+        """Kill every process we started and delete the namespaces; safe to call twice."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for proc in reversed(self._procs):  # last started first: a client goes before its server
+            _kill_group(proc)
+        self._stop_helpers()
+        for ns in self._created:
+            _kill_netns_pids(ns)
+        for ns in self._created:
+            _run(["ip", "netns", "del", ns], check=False)
+        _open_labs.discard(self)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Lab(Netns):
     """Three namespaces (node, router, viewer) with per-direction emulated conditions.
 
     Built in the constructor; use as a context manager or call ``close()``.
@@ -316,23 +413,14 @@ class Lab:
     """
 
     def __init__(self, downlink: Link = Link(), uplink: Link = Link(), *, reorder: bool = False) -> None:
-        reason = unavailable_reason()
-        if reason is not None:
-            raise LabError(f"network lab unavailable: {reason}")
-        sweep_stale_namespaces()
-        base = f"{NS_PREFIX}{os.getpid()}x{next(_counter)}"
-        self.node_ns = f"{base}-node"
-        self.router_ns = f"{base}-router"
-        self.viewer_ns = f"{base}-viewer"
+        self._emulator: _Emulator | None = None
+        self._links: dict[str, Link] = {}
+        super().__init__(("node", "router", "viewer"), routers=("router",))
+        self.node_ns = self.namespaces["node"]
+        self.router_ns = self.namespaces["router"]
+        self.viewer_ns = self.namespaces["viewer"]
         self.node_ip = NODE_IP
         self.viewer_ip = VIEWER_IP
-        self._created: list[str] = []
-        self._procs: list[subprocess.Popen[Any]] = []
-        self._emulator: _Emulator | None = None
-        self._closed = False
-        self._links: dict[str, Link] = {}
-        self._lock = threading.Lock()  # serializes changes, reads of counters and close()
-        _open_labs.add(self)
         try:
             self._build()
             self._emulator = _Emulator(self.router_ns, reorder)
@@ -345,17 +433,7 @@ class Lab:
 
     # -- building -------------------------------------------------------------------------
 
-    def _ns_sh(self, ns: str, argv: Sequence[str], stdin: str | None = None) -> str:
-        return _run(["ip", "netns", "exec", ns, *argv], stdin=stdin)
-
     def _build(self) -> None:
-        for ns in (self.node_ns, self.router_ns, self.viewer_ns):
-            _run(["ip", "netns", "add", ns])
-            self._created.append(ns)
-            sysctls = ["net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]
-            if ns == self.router_ns:
-                sysctls.append("net.ipv4.ip_forward=1")
-            self._ns_sh(ns, ["sysctl", "-q", "-w", *sysctls])
         # Veths are created inside the router with their peer placed straight in the end
         # namespace: no interface ever exists in the root namespace.
         router_batch = f"""\
@@ -464,29 +542,12 @@ link set {R_VIEWER_IF} up
             applied.append(time.monotonic())
         return applied
 
-    # -- processes ------------------------------------------------------------------------
-
-    def popen(self, side: Side, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
-        """Start ``argv`` inside the node, viewer or router namespace, in its own process group.
-
-        ``kwargs`` go to ``subprocess.Popen``.  The process group is killed by ``close()``.
-        """
-        ns = {"node": self.node_ns, "viewer": self.viewer_ns, "router": self.router_ns}[side]
-        kwargs.setdefault("start_new_session", True)
-        with self._lock:
-            if self._closed:
-                raise LabError("lab is closed")
-            proc: subprocess.Popen[Any] = subprocess.Popen(["ip", "netns", "exec", ns, *argv], **kwargs)
-            self._procs.append(proc)
-        return proc
+    # -- processes and rules ----------------------------------------------------------------
 
     def router_nft(self, ruleset: str) -> None:
         """Load extra nftables rules in the router (e.g. a firewall between node and viewer);
         they go with the namespace on ``close()``."""
-        with self._lock:
-            if self._closed:
-                raise LabError("lab is closed")
-            self._ns_sh(self.router_ns, ["nft", "-f", "-"], stdin=ruleset)
+        self.nft("router", ruleset)
 
     # -- measurement ----------------------------------------------------------------------
 
@@ -534,24 +595,6 @@ link set {R_VIEWER_IF} up
 
     # -- teardown -------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Kill every process we started and delete the namespaces; safe to call twice."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        for proc in self._procs:
-            _kill_group(proc)
+    def _stop_helpers(self) -> None:
         if self._emulator is not None:
             self._emulator.close()
-        for ns in self._created:
-            _kill_netns_pids(ns)
-        for ns in self._created:
-            _run(["ip", "netns", "del", ns], check=False)
-        _open_labs.discard(self)
-
-    def __enter__(self) -> Lab:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

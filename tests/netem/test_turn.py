@@ -15,26 +15,25 @@ coturn is not installed (Debian package coturn; scripts/setup.sh installs it).
 
 from __future__ import annotations
 
-import json
 import os
-import select
 import shutil
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
-from broker.auth import turn_credentials
-from tests.netem.coturn import SECRET, TURN_PORT, TURNS_PORT, VIEWER_PLAIN_TURN_BLOCKED, VIEWER_UDP_BLOCKED, start_turn
+from tests.netem.coturn import (
+    TURN_PORT,
+    TURNS_PORT,
+    VIEWER_PLAIN_TURN_BLOCKED,
+    VIEWER_UDP_BLOCKED,
+    start_turn,
+    viewer_turn_packets,
+)
 from tests.netem.lab import ROUTER_NODE_IP, ROUTER_VIEWER_IP, Lab, unavailable_reason
+from tests.netem.turnrun import gathered, ice, start_gather, stream
 from tests.tlsutil import make_ca
-
-PEER = str(Path(__file__).with_name("turnpeer.py"))
-DEADLINE_S = 60.0
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -61,43 +60,10 @@ def tls_lab(tmp_path: Path) -> Iterator[tuple[Lab, Path]]:
         yield lab, ca.path
 
 
-def _ice(turn_url: str, session_id: str) -> str:
-    """The ICE server list exactly as the broker hands it out (``broker.service.ice_servers``)."""
-    user, password = turn_credentials(SECRET, session_id, time.time(), 600)
-    return json.dumps([{"urls": [turn_url], "username": user, "credential": password}])
-
-
-def _line(stream: IO[str], proc: subprocess.Popen[str], deadline: float, what: str) -> dict[str, Any]:
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([stream], [], [], 0.5)
-        if ready:
-            line = stream.readline()
-            if not line:
-                raise AssertionError(f"{what}: the peer exited ({proc.poll()})")
-            return dict(json.loads(line))
-    raise AssertionError(f"{what}: nothing within {DEADLINE_S} s")
-
-
 def _stream_through_turn(lab: Lab, node_url: str, viewer_url: str, ca: Path | None = None) -> dict[str, Any]:
     session = "b3f1c0de" * 4
-    env = {**os.environ, "SSL_CERT_FILE": str(ca)} if ca else None  # both sides trust the test CA
-    common = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True, "bufsize": 1, "env": env}
-    node = lab.popen("node", [sys.executable, PEER, "node", "--advertise", lab.node_ip,
-                              "--ice", _ice(node_url, session)], **common)
-    viewer = lab.popen("viewer", [sys.executable, PEER, "viewer", "--advertise", lab.viewer_ip, "--relay-only",
-                                  "--ice", _ice(viewer_url, session)], **common)
-    assert node.stdin and node.stdout and viewer.stdin and viewer.stdout
-    deadline = time.monotonic() + DEADLINE_S
-    offer = _line(viewer.stdout, viewer, deadline, "viewer offer")
-    node.stdin.write(json.dumps(offer) + "\n")
-    answer = _line(node.stdout, node, deadline, "node answer")
-    viewer.stdin.write(json.dumps(answer) + "\n")
-    result = _line(viewer.stdout, viewer, deadline, "viewer frames")
-    node.stdin.write(json.dumps({"stats": True}) + "\n")
-    result["node_candidate"] = _line(node.stdout, node, deadline, "node stats")["candidate"]
-    node.stdin.close()
-    viewer.stdin.close()
-    return result
+    return stream(lab, ice(node_url, session), ice(viewer_url, session), node_ip=lab.node_ip,
+                  viewer_ip=lab.viewer_ip, ca=ca)
 
 
 def test_a_session_streams_through_turn_over_udp(lab: Lab) -> None:
@@ -107,6 +73,7 @@ def test_a_session_streams_through_turn_over_udp(lab: Lab) -> None:
     assert result["frames"] >= 30 and result["stamps"] >= 1
     assert result["local_types"] == ["relay"]  # the viewer had nothing but its TURN allocation
     assert result["node_candidate"] == "relay"  # what the node reports in its heartbeat (dashboard, metrics)
+    assert viewer_turn_packets(lab, "udp") > 0
 
 
 def test_with_udp_blocked_the_session_streams_through_turn_over_tcp(lab: Lab) -> None:
@@ -117,9 +84,7 @@ def test_with_udp_blocked_the_session_streams_through_turn_over_tcp(lab: Lab) ->
     assert result["frames"] >= 30 and result["stamps"] >= 1
     assert result["local_types"] == ["relay"]
     assert result["node_candidate"] == "relay"
-    dropped = subprocess.run(["ip", "netns", "exec", lab.router_ns, "nft", "list", "table", "inet", "rbturnudp"],
-                             capture_output=True, text=True, check=True).stdout
-    assert "counter packets" in dropped
+    assert viewer_turn_packets(lab, "tcp") > 0  # the media went over TCP to 3478
 
 
 def test_with_udp_and_plain_tcp_blocked_the_session_streams_through_turn_over_tls(tls_lab: tuple[Lab, Path]) -> None:
@@ -133,21 +98,14 @@ def test_with_udp_and_plain_tcp_blocked_the_session_streams_through_turn_over_tl
     assert result["frames"] >= 30 and result["stamps"] >= 1
     assert result["local_types"] == ["relay"]
     assert result["node_candidate"] == "relay"
-    rules = subprocess.run(["ip", "netns", "exec", lab.router_ns, "nft", "list", "ruleset"],
-                           capture_output=True, text=True, check=True).stdout
-    tls_line = next(line for line in rules.splitlines() if f"dport {TURNS_PORT}" in line)
-    assert "counter packets 0 " not in tls_line, tls_line  # the media did travel over TLS to 5349
+    assert viewer_turn_packets(lab, "tls") > 0  # the media did travel over TLS to 5349
 
 
 def test_a_viewer_that_does_not_trust_the_turn_certificate_gets_no_relay(tls_lab: tuple[Lab, Path]) -> None:
     lab, ca = tls_lab
-    url = f"turns:{ROUTER_VIEWER_IP}:{TURNS_PORT}?transport=tcp"
-    args = [sys.executable, PEER, "viewer", "--advertise", lab.viewer_ip, "--gather-only", "--ice",
-            _ice(url, "c0ffee00" * 4)]
+    servers = ice(f"turns:{ROUTER_VIEWER_IP}:{TURNS_PORT}?transport=tcp", "c0ffee00" * 4)
     env = {k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", "SSL_CERT_DIR")}
-    untrusted = lab.popen("viewer", args, stdout=subprocess.PIPE, text=True, env=env)
-    trusted = lab.popen("viewer", args, stdout=subprocess.PIPE, text=True, env={**env, "SSL_CERT_FILE": str(ca)})
-    out_untrusted, _ = untrusted.communicate(timeout=DEADLINE_S)
-    out_trusted, _ = trusted.communicate(timeout=DEADLINE_S)
-    assert json.loads(out_untrusted)["local_types"] == []  # certificate verification is on
-    assert json.loads(out_trusted)["local_types"] == ["relay"]
+    untrusted = start_gather(lab, "viewer", servers, env)
+    trusted = start_gather(lab, "viewer", servers, {**env, "SSL_CERT_FILE": str(ca)})
+    assert gathered(untrusted)["local_types"] == []  # certificate verification is on
+    assert gathered(trusted)["local_types"] == ["relay"]

@@ -1,4 +1,5 @@
-"""Child program of ``test_turn.py``: the node or the viewer of one game session, in a Lab namespace.
+"""Child program of ``test_turn.py`` and ``test_nat.py``: the node or the viewer of one game session,
+in a namespace of a Lab or a NatLab.
 
 ``python tests/netem/turnpeer.py node --advertise IP --ice JSON``: the node's real session path
 (``SessionRuntime``, built-in game, 320x240@30) with the broker-style ICE server list ``JSON``.
@@ -8,12 +9,15 @@
 Signaling is JSON lines over stdin/stdout relayed by the parent (the namespaces share no network
 path but the TURN server): the viewer prints ``{"sig": offer}``, the parent hands it to the node,
 which prints ``{"sig": [replies]}``; the parent hands those to the viewer.  The viewer then prints
-``{"frames": n, "stamps": k, "local_types": [...]}`` once it decoded 30 frames (or ``{"error": ...}``)
-and keeps the connection up until its stdin closes (the parent reads the node's stats meanwhile: a
-closed peer is no path to report); the node runs until stdin closes.  Logs go to stderr.
-``viewer --gather-only`` only gathers (an offer, no peer) and prints ``{"local_types": [...]}``: the
-candidate types ICE found with that server list (e.g. none when the TURN server's TLS certificate
-is not trusted).  TLS trust for ``turns:`` is the process's OpenSSL default (``SSL_CERT_FILE``).
+``{"frames": n, "stamps": k, "local_types": [...], "relay_addresses": [...]}`` once it decoded 30
+frames (or ``{"error": ...}``) and keeps the connection up until its stdin closes (the parent reads
+the node's stats meanwhile: a closed peer is no path to report); the node runs until stdin closes.
+Logs go to stderr.  ``viewer --gather-only`` only gathers (an offer, no peer) and prints
+``{"local_types": [...], "relay_addresses": [...]}``: the candidate types ICE found with that
+server list (e.g. none when the TURN server's TLS certificate is not trusted) and the addresses of
+its relay candidates (what the TURN server handed out: behind a 1:1 NAT, its public address only
+with coturn's ``--external-ip``).  TLS trust for ``turns:`` is the process's OpenSSL default
+(``SSL_CERT_FILE``).
 """
 
 from __future__ import annotations
@@ -73,10 +77,11 @@ async def gather(ice: list[dict[str, Any]]) -> int:
     try:
         pc.addTransceiver("video", direction="recvonly")
         await pc.setLocalDescription(await pc.createOffer())  # returns once gathering is complete
-        sdp = pc.localDescription.sdp
-        types = {line.split(" typ ")[1].split()[0] for line in sdp.splitlines()
-                 if line.startswith("a=candidate:") and " typ " in line}
-        emit({"local_types": sorted(types)})
+        # a=candidate:<foundation> <component> <transport> <priority> <address> <port> typ <type> ...
+        found = [line.split()[4:8] for line in pc.localDescription.sdp.splitlines()
+                 if line.startswith("a=candidate:") and " typ " in line]
+        emit({"local_types": sorted({c[3] for c in found}),
+              "relay_addresses": sorted({c[0] for c in found if c[3] == "relay"})})
     finally:
         await pc.close()
     return 0
@@ -98,9 +103,10 @@ async def viewer(advertise: str, ice: list[dict[str, Any]], relay_only: bool) ->
         await v.connect(handle_signal)
         await v.wait_frames(FRAMES)
         stamps = sum(1 for img in list(v.images) if read_stamp(img) is not None)
-        local = [c.type for t in v.pc.getTransceivers() if t.receiver.transport is not None
+        local = [c for t in v.pc.getTransceivers() if t.receiver.transport is not None
                  for c in t.receiver.transport.transport.iceGatherer.getLocalCandidates()]
-        emit({"frames": len(v.frames), "stamps": stamps, "local_types": sorted(set(local))})
+        emit({"frames": len(v.frames), "stamps": stamps, "local_types": sorted({c.type for c in local}),
+              "relay_addresses": sorted({c.ip for c in local if c.type == "relay"})})
         await read_line()  # hold the connection until the parent has read the node's stats (then stdin closes)
     except Exception as exc:  # boundary: the parent reads the reason
         emit({"error": repr(exc)})
