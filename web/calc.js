@@ -1,6 +1,8 @@
 // Pure calculations of the viewer: no DOM, no clock, no I/O (tests/web/test_calc.py runs them in Node).
 
-import { WHEEL_MAX_NOTCHES } from "./protocol.js";
+import {
+  GAMEPAD_MAX_AXES, GAMEPAD_MAX_BUTTONS, GAMEPAD_MAX_INDEX, InputType, WHEEL_MAX_NOTCHES,
+} from "./protocol.js";
 
 export const WHEEL_PX_PER_NOTCH = 100; // Chromium/Firefox report 100 px (DOM_DELTA_PIXEL) per mouse-wheel notch
 export const WHEEL_LINES_PER_NOTCH = 3; // DOM_DELTA_LINE: three lines per notch
@@ -91,4 +93,20 @@ export function rtpOffset(rtpTimestamp, stampMs) {
 export function perMinute(count, minutes) {
   if (!Number.isFinite(count)) return "–";
   return minutes > 0 ? (count / minutes).toFixed(2) : "0.00";
+}
+
+const round3 = (v) => Math.round(v * 1000) / 1000;
+
+/**
+ * The "gp" message for one Gamepad API pad, or null when it must not be sent: an index past
+ * GAMEPAD_MAX_INDEX, or a pad the browser does not know the layout of (mapping !== "standard": its
+ * button and axis numbers mean something else, and the node's virtual pad would press the wrong buttons).
+ */
+export function gamepadMessage(pad) {
+  if (!pad || pad.index > GAMEPAD_MAX_INDEX || pad.mapping !== "standard") return null;
+  return {
+    t: InputType.GAMEPAD, i: pad.index,
+    ax: Array.from(pad.axes).slice(0, GAMEPAD_MAX_AXES).map((v) => round3(clamp(v, -1, 1))),
+    bt: Array.from(pad.buttons).slice(0, GAMEPAD_MAX_BUTTONS).map((b) => round3(clamp(b.value, 0, 1))),
+  };
 }

@@ -16,12 +16,11 @@ import {
   CLIPBOARD_MAX_CHARS, GAMEPAD_MAX_AXES, GAMEPAD_MAX_BUTTONS, GAMEPAD_MAX_INDEX, InputType, POINTER_MAX_BUTTON,
   POINTER_MAX_DELTA,
 } from "./protocol.js";
-import { clamp, contentRect, relativePoint, wheelNotches } from "./calc.js";
+import { clamp, contentRect, gamepadMessage, relativePoint, wheelNotches } from "./calc.js";
 
 const MOVE_BACKLOG_BYTES = 8 * 1024; // skip pointer moves while this much input waits in the channel
 const PASTE_KEY_WAIT_MS = 150; // hold Ctrl+V's key-down until the clipboard text went first
 
-const round3 = (v) => Math.round(v * 1000) / 1000;
 
 function isEditable(t) {
   return t instanceof HTMLElement && (t.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(t.tagName));
@@ -61,6 +60,7 @@ export class InputController {
     this.lastMove = null;
     this.rel = { dx: 0, dy: 0 }; // relative motion summed since the last "pr" (fractions carry over)
     this.pads = new Map(); // gamepad index -> last message sent (JSON)
+    this.padsIgnored = new Set(); // ids of non-standard pads the viewer was told about (once each)
   }
 
   /** Install the listeners and the per-frame loop (once). */
@@ -253,11 +253,14 @@ export class InputController {
     if (!this.o.active() || !navigator.getGamepads) return;
     for (const pad of navigator.getGamepads()) {
       if (!pad || pad.index > GAMEPAD_MAX_INDEX) continue;
-      const msg = {
-        t: InputType.GAMEPAD, i: pad.index,
-        ax: Array.from(pad.axes).slice(0, GAMEPAD_MAX_AXES).map((v) => round3(clamp(v, -1, 1))),
-        bt: Array.from(pad.buttons).slice(0, GAMEPAD_MAX_BUTTONS).map((b) => round3(clamp(b.value, 0, 1))),
-      };
+      const msg = gamepadMessage(pad);
+      if (!msg) { // the browser does not know this pad's layout: its buttons would arrive as the wrong ones
+        if (!this.padsIgnored.has(pad.id)) {
+          this.padsIgnored.add(pad.id);
+          this.o.hint(`Gamepad "${pad.id.slice(0, 40)}" has no standard mapping in this browser: not sent`);
+        }
+        continue;
+      }
       const key = JSON.stringify(msg);
       if (this.pads.get(pad.index) !== key && this.o.send(msg)) this.pads.set(pad.index, key);
     }
@@ -265,7 +268,7 @@ export class InputController {
 
   onGamepadDisconnected(e) {
     const pad = e.gamepad;
-    if (pad.index > GAMEPAD_MAX_INDEX) return;
+    if (pad.index > GAMEPAD_MAX_INDEX || pad.mapping !== "standard") return; // never sent: nothing held
     // neutral state so nothing stays held on the remote controller
     this.o.send({ t: InputType.GAMEPAD, i: pad.index, ax: new Array(Math.min(pad.axes.length, GAMEPAD_MAX_AXES)).fill(0),
                   bt: new Array(Math.min(pad.buttons.length, GAMEPAD_MAX_BUTTONS)).fill(0) });

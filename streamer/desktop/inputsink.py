@@ -4,7 +4,8 @@ Job: ``InputRouter`` takes each raw data-channel message, parses it with
 ``streamer.desktop.inputs.parse_input`` (malformed messages are counted and
 dropped), answers pings at once and hands user input to the session's
 ``InputSink``: ``XInputSink`` for X displays (XTEST through
-``streamer.desktop.xinput.XInjector``), ``GameSource`` for the built-in game.
+``streamer.desktop.xinput.XInjector``), ``GameSource`` for the built-in game.  A desktop's gamepad states go to its
+``streamer.desktop.uinput.PadSet`` (virtual pads, where the node has /dev/uinput) or are counted and dropped.
 
 Concurrency model: ``InputRouter.handle`` runs on the event loop (parsing
 costs microseconds) and never blocks: ``XInputSink`` queues each event to its
@@ -14,7 +15,7 @@ owns the ``Game`` and applies them right before it renders the next frame.
 
 Invariants: ``handle`` never raises; pings, probe answers, viewport resizes and viewer stats do not
 count as user activity (``last_input_ms``); events are injected in arrival order;
-``close`` releases held keys and buttons before the X connection goes.
+``close`` releases held keys, buttons and pads before the X connection goes and the pads are destroyed.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from streamer.desktop.inputs import (
     ViewerStats,
     parse_input,
 )
+from streamer.desktop.uinput import PadSet
 from streamer.desktop.xinput import XInjector
 
 log = logging.getLogger(__name__)
@@ -190,32 +192,42 @@ class GameSource:
 
 
 class XInputSink:
-    """Desktop input: XTEST injection on one dedicated thread, in arrival order, off the event loop."""
+    """Desktop input: XTEST injection (and virtual pads) on one dedicated thread, in arrival order, off the loop.
 
-    def __init__(self, injector: XInjector, executor: ThreadPoolExecutor) -> None:
+    ``pads`` None: this node has no /dev/uinput (said once at node start) and gamepad states are
+    counted in ``skipped`` and dropped.
+    """
+
+    def __init__(self, injector: XInjector, executor: ThreadPoolExecutor, pads: PadSet | None = None) -> None:
         self._injector = injector
         self._executor = executor
+        self._pads = pads
         self._closed = False
-        self.skipped = 0  # events with no X meaning (gamepads: no virtual pad device here)
+        self.skipped = 0  # gamepad states dropped: no virtual pad device on this node
 
     @classmethod
-    async def open(cls, display_name: str, thread_name: str) -> XInputSink:
+    async def open(cls, display_name: str, thread_name: str, pads: PadSet | None = None) -> XInputSink:
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
         try:
             injector = await asyncio.wrap_future(executor.submit(XInjector, display_name))
         except BaseException:
             executor.shutdown(wait=False)
             raise
-        return cls(injector, executor)
+        return cls(injector, executor, pads)
 
     def submit(self, event: InputEvent) -> None:
         if isinstance(event, Gamepad):
-            self.skipped += 1
+            if self._pads is None:
+                self.skipped += 1
+            else:
+                self._run(self._pad, self._pads.apply, event)
             return
         self._run(self._inject, event)
 
     def release_all(self) -> None:
         self._run(self._injector.release_all)
+        if self._pads is not None:
+            self._run(self._pad, self._pads.release_all)
 
     def _run(self, fn: Callable[..., Any], *args: Any) -> None:
         if self._closed:
@@ -231,10 +243,19 @@ class XInputSink:
         except Exception as exc:  # X errors must not kill the input thread
             log.warning("input injection failed for %s: %r", type(event).__name__, exc)
 
+    @staticmethod
+    def _pad(fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # a uinput write error must not kill the input thread
+            log.warning("gamepad input failed: %r", exc)
+
     def close(self) -> None:
-        """Release held input, close the X connection, join the thread.  Blocking; idempotent."""
+        """Release held input, close the X connection, destroy the pads, join the thread.  Blocking; idempotent."""
         if self._closed:
             return
         self._closed = True
         self._executor.submit(self._injector.close)
+        if self._pads is not None:
+            self._executor.submit(self._pad, self._pads.close)
         self._executor.shutdown(wait=True)

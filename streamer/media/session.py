@@ -105,6 +105,7 @@ from streamer.desktop.gamesound import GameSynth, SynthFramer
 from streamer.desktop.inputsink import GameSource, InputRouter, XInputSink, wall_clock_ms
 from streamer.desktop.pcm import PcmFramer
 from streamer.desktop.sessionuser import SessionUser
+from streamer.desktop.uinput import PadSet
 from streamer.media.audiotrack import PcmAudioTrack
 from streamer.media.glass import GlassHistogram
 from streamer.media.peer import (
@@ -230,6 +231,9 @@ class RuntimeConfig:
     # The remote clipboard reaches the viewer (streamer.desktop.clipboard): CLIPBOARD, plus PRIMARY
     # (text selected with the mouse) when true.
     clipboard_primary: bool = False
+    # Desktop sessions get virtual gamepads (streamer.desktop.uinput) for the viewer's pads: the node probed
+    # /dev/uinput at start.  False: desktop gamepad input is dropped (the node logged why once).
+    gamepad: bool = False
 
     def __post_init__(self) -> None:
         if self.capture_backend not in CAPTURE_BACKENDS:
@@ -651,7 +655,8 @@ class SessionRuntime:
             self._source = await asyncio.to_thread(
                 open_capture, self._display.name, spec.width, spec.height, backend=backend
             )
-            self._sink = await XInputSink.open(self._display.name, f"rb-input-{spec.id}")
+            self._sink = await XInputSink.open(self._display.name, f"rb-input-{spec.id}",
+                                               PadSet(spec.id) if self.config.gamepad else None)
             selections = ("CLIPBOARD", "PRIMARY") if self.config.clipboard_primary else ("CLIPBOARD",)
             self._clipboard = ClipboardBridge(
                 self._display.name, lambda event: self._peer is not None and self._peer.send_event(event),

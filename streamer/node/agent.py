@@ -59,6 +59,7 @@ from rbcommon.udpports import PortRange
 from streamer.desktop import sessionuser
 from streamer.desktop.audio import AUDIO_TMP_PREFIX
 from streamer.desktop.display import DISPLAY_TMP_PREFIX
+from streamer.desktop.uinput import gamepad_capability, probe_uinput
 from streamer.media.glass import merge_snapshots
 from streamer.media.session import RuntimeConfig, SessionRefused, SessionRuntime, SessionSpec
 from streamer.node.gpus import GpuInfo, GpuTelemetry
@@ -133,6 +134,8 @@ class NodeAgent:
         # raises ValueError naming the setting for an unknown account (the CLI prints it as one line)
         self.session_user = (sessionuser.lookup(settings.session_user) if settings.session_user
                              else sessionuser.node_user())
+        # virtual gamepads for desktop sessions need /dev/uinput: probed once, the reason logged once in run()
+        self.gamepad_missing = probe_uinput()
         self.runtime_config = RuntimeConfig(
             advertise_addresses=tuple(settings.advertise_addresses),
             encoder_preference=settings.encoder,
@@ -146,6 +149,7 @@ class NodeAgent:
             resize_max_pixels=settings.resize_max_pixels,
             resize_max_side=settings.resize_max_side,
             clipboard_primary=settings.clipboard_primary,
+            gamepad=self.gamepad_missing is None,
         )
         self._commands: aiohttp.ClientWebSocketResponse | None = None  # the open command socket, if any
         self._telemetry = GpuTelemetry()
@@ -153,6 +157,7 @@ class NodeAgent:
                                         max_loop_lag_ms=settings.watchdog_max_loop_lag_ms,
                                         healthy_hold_ms=int(settings.watchdog_healthy_hold_s * 1000)),
                                  enabled=settings.watchdog)
+        self.health.capabilities["gamepad"] = gamepad_capability(self.gamepad_missing)
         self._shutting_down = False
         # the stream self-test, on idle capacity only: no session live or starting
         self.selftest = SelftestRunner(
@@ -214,6 +219,8 @@ class NodeAgent:
             if inventory.gpu_render and self.gpus:  # test the encoder sessions on the first GPU use
                 self.selftest.config = dataclasses.replace(self.selftest.config, gpu=self.gpus[0].index)
             log.info("inventory: %s; %s", inventory.reason, inventory.seats_note)
+            if self.gamepad_missing is not None:
+                log.info("desktop sessions get no gamepads (their pad input is dropped): %s", self.gamepad_missing)
             tasks = [
                 asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
                 asyncio.create_task(self._command_loop(), name="commands"),

@@ -8,7 +8,8 @@ non-zero with the reason when a stated requirement fails:
 - ``--require-gpu``: NVML must list at least one GPU;
 - ``--require-gl``: every GPU must give an OpenGL context on the GPU (not Mesa's llvmpipe);
 - ``--require-nvenc``: every GPU must encode with NVENC;
-- ``--require-audio``: desktop sessions must get sound (``pulseaudio`` and ``parec`` installed).
+- ``--require-audio``: desktop sessions must get sound (``pulseaudio`` and ``parec`` installed);
+- ``--require-gamepad``: desktop sessions must get virtual gamepads (``/dev/uinput`` writable).
 
 Concurrency model: a synchronous command (no event loop); probes block the calling thread.
 Exit status: 0 all requirements met, 1 a requirement failed (each reason printed), 2 bad arguments.
@@ -27,6 +28,7 @@ from encoder.backends import BACKENDS
 from encoder.probe import probe_all
 from streamer.desktop.audio import audio_available
 from streamer.desktop.glgame import probe_gl
+from streamer.desktop.uinput import probe_uinput
 from streamer.node.gpus import GpuTelemetry
 from streamer.node.inventory import Inventory, take_inventory
 
@@ -60,6 +62,7 @@ class Report:
     software_encoders: dict[str, str]  # backend -> "ok: ..." or the failure reason
     failures: list[str]
     audio: str = ""  # "ok: ..." or why desktop sessions will be silent
+    gamepad: str = ""  # "ok: ..." or why desktop sessions get no gamepads
 
 
 def requirement_failures(report_gpus: Sequence[GpuReport], gpu_render: bool, *, require_gpu: bool,
@@ -104,6 +107,13 @@ def audio_report(missing: str | None) -> str:
     return f"desktop sessions will be silent: {missing}; game sound in-process"
 
 
+def gamepad_report(missing: str | None) -> str:
+    """The doctor's gamepad line from ``probe_uinput()``'s answer (pure)."""
+    if missing is None:
+        return "ok: /dev/uinput writable (desktop sessions get virtual gamepads); the built-in game reads pads itself"
+    return f"desktop sessions get no gamepads: {missing}; the built-in game reads pads itself"
+
+
 def format_report(report: Report) -> str:
     lines = [f"GPUs: {report.reason}"]
     for g in report.gpus:
@@ -117,6 +127,7 @@ def format_report(report: Report) -> str:
         lines.append("  telemetry: " + (", ".join(f"{k}={v}" for k, v in shown.items()) or "none"))
     lines.append("software encoders: " + "; ".join(f"{k}: {v}" for k, v in report.software_encoders.items()))
     lines.append(f"audio: {report.audio}")
+    lines.append(f"gamepad: {report.gamepad}")
     if report.failures:
         lines.append("REQUIREMENTS FAILED:")
         lines.extend(f"  - {f}" for f in report.failures)
@@ -134,6 +145,8 @@ def main(argv: Sequence[str] | None = None, *, software_seats: int = 2) -> int:
     parser.add_argument("--require-nvenc", action="store_true", help="fail unless every GPU encodes with NVENC")
     parser.add_argument("--require-audio", action="store_true",
                         help="fail unless desktop sessions get sound (pulseaudio and parec installed)")
+    parser.add_argument("--require-gamepad", action="store_true",
+                        help="fail unless desktop sessions get virtual gamepads (/dev/uinput writable)")
     parser.add_argument("--seats", type=int, default=software_seats,
                         help="software-encode seat budget (the node's --seats) [default: %(default)s]")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -144,7 +157,11 @@ def main(argv: Sequence[str] | None = None, *, software_seats: int = 2) -> int:
     audio_missing = audio_available()
     if ns.require_audio and audio_missing:
         failures.append(f"no sound for desktop sessions: {audio_missing}")
-    report = Report(inv.reason, inv.gpu_render, rows, software, failures, audio=audio_report(audio_missing))
+    gamepad_missing = probe_uinput()
+    if ns.require_gamepad and gamepad_missing:
+        failures.append(f"no gamepads for desktop sessions: {gamepad_missing}")
+    report = Report(inv.reason, inv.gpu_render, rows, software, failures, audio=audio_report(audio_missing),
+                    gamepad=gamepad_report(gamepad_missing))
     if ns.json:
         print(json.dumps({**asdict(report), "gpus": [{**asdict(g), "renders_on_gpu": g.renders_on_gpu}
                                                     for g in rows]}, indent=2))

@@ -9,7 +9,8 @@ Job: the thin effectful side of ``streamer.node.watchdog`` (which is pure).  ``N
   watchdog drained that the broker says is up was undrained by an operator (or the drain request
   never landed), so the watchdog starts afresh (``watchdog.released``) and drains again if still sick,
 - serves ``GET /healthz`` on ``NODE_HEALTH_PORT`` for Kubernetes probes: 200 while the node is
-  registered and heartbeats reach the broker, 503 otherwise, with the watchdog's state as JSON.
+  registered and heartbeats reach the broker, 503 otherwise, with the watchdog's state and the node's
+  probed capabilities (``gamepad``: virtual pads for desktops) as JSON.
 
 Concurrency model: everything runs on the agent's event loop; no locks needed.
 Invariants: the watchdog state only changes in ``step``; the lag figure handed to a sample is the
@@ -54,6 +55,8 @@ class NodeHealth:
         self.selftest: dict[str, Any] | None = None  # the latest self-test report, for /healthz
         self.heartbeat = HeartbeatStatus()
         self.registered = False
+        # what this node can do, probed at start (``gamepad``: {"ok": bool, "reason": str}), for /healthz
+        self.capabilities: dict[str, Any] = {}
 
     async def run_lag_monitor(self) -> None:
         """Forever: how late a 100 ms timer fires is how late the loop serves everything else."""
@@ -105,6 +108,7 @@ class NodeHealth:
                          "last_action": self.last_decision.action, "last_reason": self.last_decision.reason,
                          "trips": len(self.state.trips_ms), "tripped": sorted(self.state.tripped)},
             "selftest": self.selftest,
+            "capabilities": self.capabilities,
         }
 
     async def healthz(self, _request: web.Request) -> web.Response:

@@ -17,7 +17,7 @@ opt = common.opt
 
 SUBCOMMANDS = """subcommands:
   render-node encoders [--json]   probe this machine's encoders (really encodes a few frames each)
-  render-node doctor [--require-gpu] [--require-gl] [--require-nvenc] [--json]
+  render-node doctor [--require-gpu] [--require-gl] [--require-nvenc] [--require-audio] [--require-gamepad] [--json]
                                   what this host will do: GPUs, GL renderer, encoders and seats per GPU
   render-node selftest [--json] [--source auto|x11|pattern] [--capture B] [--seconds S] [--loss-ms MS]
                        [--encoder E] [--gpu N]

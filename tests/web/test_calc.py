@@ -156,3 +156,19 @@ def test_per_minute_is_the_judges_rate_and_a_dash_when_nobody_reported() -> None
     r = run({"rate": "c.perMinute(30, 20)", "none": "c.perMinute(null, 20)", "zero_min": "c.perMinute(3, 0)",
              "small": "c.perMinute(1, 3)"})
     assert r == {"rate": "1.50", "none": "\u2013", "zero_min": "0.00", "small": "0.33"}
+
+
+def test_gamepad_message_only_for_standard_mapping_pads() -> None:
+    pad = ("{index: 1, mapping: 'standard', axes: [0.12345, -2, 0, 1, 0.5, 0, 0, 0, 0.9],"
+           " buttons: Array.from({length: 18}, (_, i) => ({value: i === 0 ? 1 : i === 6 ? 0.4444 : 0}))}")
+    r = run({
+        "standard": f"c.gamepadMessage({pad})",
+        "unmapped": f"c.gamepadMessage({{...{pad}, mapping: ''}})",
+        "index_4": f"c.gamepadMessage({{...{pad}, index: 4}})",
+        "none": "c.gamepadMessage(null)",
+    })
+    msg = r["standard"]
+    assert msg["t"] == "gp" and msg["i"] == 1
+    assert msg["ax"] == [0.123, -1, 0, 1, 0.5, 0, 0, 0]  # rounded, clamped, at most 8
+    assert len(msg["bt"]) == 17 and msg["bt"][0] == 1 and msg["bt"][6] == 0.444
+    assert r["unmapped"] is None and r["index_4"] is None and r["none"] is None

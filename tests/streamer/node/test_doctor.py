@@ -83,3 +83,20 @@ def test_doctor_reports_sound_and_require_audio_fails_without_pulseaudio() -> No
     bare = subprocess.run([sys.executable, "-m", "streamer", "doctor", "--require-audio"], capture_output=True,
                           text=True, timeout=120, check=False, env={**os.environ, "PATH": "/nonexistent"})
     assert bare.returncode == 1 and "no sound for desktop sessions: pulseaudio and parec not installed" in bare.stdout
+
+
+def test_doctor_reports_gamepads_and_require_gamepad_fails_with_the_probes_reason() -> None:
+    from streamer.desktop.uinput import probe_uinput
+    from streamer.node.doctor import gamepad_report
+
+    assert gamepad_report(None).startswith("ok: ")
+    assert gamepad_report("no /dev/uinput (x)").startswith("desktop sessions get no gamepads: no /dev/uinput")
+    missing = probe_uinput()
+    out = _doctor("--json", "--require-gamepad")
+    report = json.loads(out.stdout)
+    if missing is None:
+        assert out.returncode == 0 and report["gamepad"].startswith("ok: ")
+    else:
+        assert out.returncode == 1
+        assert f"no gamepads for desktop sessions: {missing}" in report["failures"]
+        assert missing in report["gamepad"]

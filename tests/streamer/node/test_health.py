@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 
 from broker.embedded import free_port
+from streamer.desktop.uinput import gamepad_capability, probe_uinput
 from streamer.node.agent import NodeAgent
 from streamer.node.settings import load
 from tests.broker.test_ops_metrics import samples
@@ -40,6 +41,8 @@ async def test_watchdog_drains_and_undrains_through_the_broker_and_healthz_answe
         async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/healthz") as h:
             body = await h.json()
             assert h.status == 200 and body["status"] == "ok" and body["watchdog"]["drained"] is False
+            # the node's start probe: virtual gamepads where /dev/uinput can be opened, else why not
+            assert body["capabilities"]["gamepad"] == gamepad_capability(probe_uinput())
 
         await agent._watch([HOT])
         assert (await _host(api))["state"] == "draining"
