@@ -493,6 +493,12 @@ class SessionRuntime:
                 log.info("session %s: ignoring signaling message of type %r", self.spec.id, kind)
         return []
 
+    async def handle_viewer_signal(self, viewer: str, role: str, msg: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """A share viewer's signaling message: not served by this node yet (the owner's viewer is untouched)."""
+        if msg.get("type") == SignalType.OFFER:
+            return [_error("not_running", f"session {self.spec.id}: this node does not serve share viewers yet")]
+        return []
+
     async def warn(self, code: str, detail: str, ends_in_s: int) -> None:
         """Tell the viewer (now, or when it next connects) that the session is about to end."""
         payload = {"t": NodeEventType.WARNING.value, "code": code, "detail": detail, "ends_in_s": int(ends_in_s)}

@@ -488,6 +488,12 @@ class NodeAgent:
             rt = self.sessions.get(sid)
             if rt is None:
                 return
+            viewer = cmd.get("viewer")
+            if isinstance(viewer, str) and viewer:  # a share link's viewer (view-only), not the owner
+                for reply in await rt.handle_viewer_signal(viewer, str(cmd.get("role", "view")), cmd["msg"]):
+                    await ws.send_json({"cmd": NodeCommand.SIGNAL.value, "session_id": sid, "viewer": viewer,
+                                        "msg": reply})
+                return
             for reply in await rt.handle_signal(cmd["msg"]):
                 await ws.send_json({"cmd": NodeCommand.SIGNAL.value, "session_id": sid, "msg": reply})
         elif kind == "error":
