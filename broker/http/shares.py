@@ -2,8 +2,10 @@
 
 - ``POST /api/v1/sessions/{sid}/shares`` (owner; an admin: a shadow), ``GET`` lists, ``DELETE .../shares/{share}``
   and ``DELETE .../shares`` revoke (``broker.sharing``).
-- ``GET /watch?token=<share token>``: the view-only page (``web/watch.html``); 401 for a forged or expired token,
-  403 ``share_revoked`` for a revoked one.
+- ``GET /watch?token=<share token>``: the view-only page (``web/watch.html``), or with ``Accept: application/json``
+  what it needs to connect (session, ICE servers, signaling path); 401 for a forged or expired token, 403
+  ``share_revoked`` for a revoked one (a problem body; a browser asking for HTML gets the page with that
+  status, and the page says why).
 - ``GET /api/v1/sessions/{sid}/watch?access_token=<share token>``: WebSocket.  The viewer gets an id; its
   messages go to the node as ``{"cmd":"signal","session_id":...,"viewer":id,"role":...,"msg":...}`` and the
   node's answers come back on ``P:sig:{sid}:viewer:{id}``.  Joining is one Lua step with revocation; a
@@ -27,7 +29,7 @@ from typing import Any, Final
 
 from aiohttp import WSMsgType, web
 
-from broker.errors import MalformedBody, ValidationError
+from broker.errors import BrokerError, MalformedBody, ValidationError
 from broker.http.api import PATH_RULES, ok, parse_json, principal, read_json, routes, signing_keys
 from broker.keys_app import BROKER, HUB, SETTINGS
 from broker.protocol import API_PREFIX, SIGNAL_MAX_BYTES, ByeReason, NodeCommand, SessionState, SignalType
@@ -41,6 +43,7 @@ SHARE_ID_RE: Final = re.compile(r"^[0-9a-f]{16}$")
 PATH_RULES["share"] = (SHARE_ID_RE, "share")
 # what a viewer may send the node: its own connection's signaling, nothing that speaks for the broker
 VIEWER_SIGNALS: Final = frozenset({SignalType.OFFER.value, SignalType.CANDIDATE.value, SignalType.BYE.value})
+PAGE_HEADERS: Final = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}  # the URL holds a token
 WEB_WATCH: Final = Path(__file__).resolve().parents[2] / "web" / "watch.html"
 
 
@@ -81,12 +84,24 @@ def _token(request: web.Request, name: str) -> str:
 
 @routes.get("/watch")
 async def watch_page(request: web.Request) -> web.StreamResponse:
-    """The view-only page, for a token that is valid and not revoked."""
+    """The view-only page, for a token that is valid and not revoked; asked for JSON (``Accept:
+    application/json``), what the page needs to connect: session, role, expiry, ICE servers, signaling path."""
     b = request.app[BROKER]
-    await check_grant(b, signing_keys(request.app[SETTINGS]), _token(request, "token"))
+    accept = request.headers.get("Accept", "")
+    try:
+        grant = await check_grant(b, signing_keys(request.app[SETTINGS]), _token(request, "token"))
+    except BrokerError as exc:
+        if "text/html" not in accept or not WEB_WATCH.exists():
+            raise
+        # a browser: the page with the refusal's status; it asks again for JSON and says why (revoked, expired)
+        return web.FileResponse(WEB_WATCH, status=exc.status, headers=PAGE_HEADERS)
+    if "application/json" in accept:
+        return ok({"session": grant.session, "role": grant.role, "expires_at": grant.expires_at,
+                   "ice_servers": b.ice_servers(grant.session),
+                   "signaling_url": f"{API_PREFIX}/sessions/{grant.session}/watch"})
     if not WEB_WATCH.exists():
         return ok({"watch": "ok"})
-    return web.FileResponse(WEB_WATCH, headers={"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"})
+    return web.FileResponse(WEB_WATCH, headers=PAGE_HEADERS)
 
 
 @routes.get(f"{API_PREFIX}/sessions/{{sid}}/watch")

@@ -94,6 +94,8 @@ async def test_owner_creates_lists_and_revokes_a_link_and_its_viewer_is_cut_off(
     for client in (api, replica):
         r = await client.get(f"/watch?token={share['token']}")
         assert r.status == 403 and (await r.json())["code"] == "share_revoked"
+        r = await client.get(f"/watch?token={share['token']}", headers={"Accept": "text/html"})
+        assert r.status == 403 and "watch.js" in await r.text()  # a browser: the page, which says why
         r = await client.get(f"/api/v1/sessions/{sid}/watch?access_token={share['token']}")
         assert r.status == 403 and (await r.json())["code"] == "share_revoked"
     assert (await (await api.get(f"/api/v1/sessions/{sid}/shares", headers=auth(owner))).json())["shares"] == []
@@ -158,8 +160,11 @@ async def test_bad_input_and_other_users_sessions(api) -> None:
     assert (await api.get(f"/api/v1/sessions/{sid}/watch?access_token={elsewhere}")).status == 404
     # a share token is no REST credential
     assert (await api.get(f"/api/v1/sessions/{sid}", headers=auth(share["token"]))).status == 401
-    ok = await api.get(f"/watch?token={share['token']}")
+    ok = await api.get(f"/watch?token={share['token']}", headers={"Accept": "application/json"})
     assert ok.status == 200
+    info = await ok.json()
+    assert (info["session"], info["role"], info["signaling_url"]) == (sid, "view", f"/api/v1/sessions/{sid}/watch")
+    assert info["ice_servers"] == [] and info["expires_at"] == share["expires_at"]
 
 
 async def test_an_admin_shadows_a_session_audited_and_announced(api) -> None:
