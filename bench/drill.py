@@ -89,6 +89,8 @@ ALERTS: dict[str, tuple[str, Callable[[dict[str, str], float], bool]]] = {
     "RenderBrokerGpuThrottled": ("render_broker_gpu_throttled",
                                  lambda lab, v: v > 0 and lab.get("reason") in ("hw_thermal", "sw_thermal",
                                                                                  "hw_slowdown", "hw_power_brake")),
+    "RenderBrokerNodeWatchdogDrained": ("render_broker_node_watchdog_tripped", lambda _lab, v: v == 1),
+    "RenderBrokerNodeWatchdogHeld": ("render_broker_node_watchdog_held", lambda _lab, v: v == 1),
 }
 
 
@@ -303,8 +305,9 @@ class Lab:
             agent.stop()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(task, 30)
-        nodes = [p for n, p in self.procs.items() if not n.startswith(("broker", "redis"))]
-        brokers = [p for n, p in self.procs.items() if n.startswith("broker")]
+        # nodes first, then brokers, Redis last; a name is matched whole ("redis-lost-a" is a node)
+        brokers = [p for n, p in self.procs.items() if n in {f"broker{i}" for i in range(len(self.ports))}]
+        nodes = [p for n, p in self.procs.items() if n != "redis" and p not in brokers]
         for proc in [*nodes, *brokers, self.procs.get("redis")]:
             if proc is not None:
                 await stop_group(proc)

@@ -41,7 +41,7 @@ from broker.http.rollout import ROLLOUTS, rollout_routes
 from broker.hub import Hub
 from broker.keys_app import BROKER, HUB, METRICS, SETTINGS
 from broker.metrics import Metrics
-from broker.rollout.service import ROLLOUT_INTERVAL_S, Rollouts
+from broker.rollout.service import Rollouts
 from broker.service import Broker, Clock, run_every, wall_clock_ms
 from broker.settings import BrokerSettings
 from broker.store.live import LiveStore
@@ -165,7 +165,8 @@ def make_ctx(clock: Clock) -> Callable[[web.Application], AsyncIterator[None]]:
         await migrate(engine)
         live = LiveStore(app[REDIS_KEY], s.redis_prefix)
         metrics = app[METRICS]
-        broker = Broker(s, live, Repository(engine), clock, metrics.allocation.observe)
+        broker = Broker(s, live, Repository(engine), clock, metrics.allocation.observe,
+                        on_start_timeout=metrics.start_timed_out)
         app[BROKER] = broker
         hub = Hub(app[REDIS_KEY], s.redis_prefix)
         app[HUB] = hub
@@ -180,7 +181,7 @@ def make_ctx(clock: Clock) -> Callable[[web.Application], AsyncIterator[None]]:
         provider = provider_from_settings(s)
         scaler = Scaler(broker, provider, s, owner)
         app[SCALER] = scaler
-        rollouts = Rollouts(broker, metrics.registry, owner)
+        rollouts = Rollouts(broker, metrics.registry, owner, s.rollout_interval_s)
         app[ROLLOUTS] = rollouts
 
         async def sample() -> None:
@@ -194,7 +195,8 @@ def make_ctx(clock: Clock) -> Callable[[web.Application], AsyncIterator[None]]:
                                                on_late=broker.note_loop_lag)),
                  asyncio.create_task(run_every(OUTBOX_INTERVAL_S, broker.drain_outbox, "outbox", stop)),
                  asyncio.create_task(run_every(s.sample_interval_s, sample, "sampler", stop))]
-        tasks.append(asyncio.create_task(run_every(ROLLOUT_INTERVAL_S, rollouts.run_once, "rollout", stop)))
+        if s.rollout_interval_s > 0:
+            tasks.append(asyncio.create_task(run_every(s.rollout_interval_s, rollouts.run_once, "rollout", stop)))
         if s.autoscale_interval_s > 0:
             tasks.append(asyncio.create_task(run_every(s.autoscale_interval_s, scaler.run_once, "autoscaler", stop)))
         try:

@@ -8,7 +8,8 @@ Per-GPU gauges (labels pool, host, gpu) come from each host's last heartbeat; a
 field the node reported as null (NVML could not read it) is not exported, and a
 host whose lease has expired exports no telemetry (its last figures are stale).
 ``render_broker_gpu_software_encode`` and ``render_broker_gpu_vram_total_bytes``
-come from the registration too, so they exist for every registered GPU.
+come from the registration too, and ``render_broker_gpu_sessions`` from the broker's own seat
+counts, so they exist for every registered GPU.
 
 Concurrency: ``update_*`` are synchronous (clear, then set) and run on the event
 loop, so two scrapes never interleave their updates.
@@ -20,9 +21,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from broker.models import CANDIDATE_TYPES
+from broker.protocol import WatchdogCheck
+from broker.store.keys import QUEUE_WAIT_BUCKETS_S
+from broker.store.live import QueueWaits
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 BYTES_PER_MIB = 1024 * 1024
@@ -70,30 +75,108 @@ HOST_COUNTERS: dict[str, tuple[str, str]] = {
     "encoder_errors_total": ("render_broker_encoder_errors",
                              "Encoder errors (frames the encoder failed on, encoders that failed to open) of the "
                              "sessions and stream self-tests a node ran, counted by the node since it started"),
+    "session_starts_total": ("render_broker_session_starts",
+                             "Session starts a node attempted (staged sessions included), counted by the node since "
+                             "it started"),
+}
+# heartbeat field (an object of node-cumulative counts by reason) -> (counter, help); labels pool, host, reason
+HOST_REASON_COUNTERS: dict[str, tuple[str, str]] = {
+    "session_start_failures_total": ("render_broker_session_start_failures",
+                                     "Session starts that failed on a node, by reason (refused, display, encoder, "
+                                     "error; ice_failed, dtls_failed: the session's first viewer connection "
+                                     "failed), counted by the node since it started"),
+}
+# heartbeat field (a node-cumulative histogram in ms: {"le", "counts", "sum"}) -> (histogram, help, divisor)
+HOST_HISTOGRAMS: dict[str, tuple[str, str, float]] = {
+    "glass_to_glass_ms": ("render_broker_stream_glass_to_glass_seconds",
+                          "Glass-to-glass latency the viewers of a node's sessions measured (a frame's render "
+                          "stamp to its display; web client, built-in game), seconds, since the node started",
+                          1000.0),
 }
 
 
+def histogram_buckets(histogram: dict[str, Any], divisor: float) -> tuple[list[tuple[str, float]], float]:
+    """A heartbeat histogram ({"le", "counts", "sum"}, validated) as Prometheus' cumulative buckets
+    (le in the metric's unit, "+Inf" last) and its sum in that unit."""
+    buckets: list[tuple[str, float]] = []
+    total = 0
+    for bound, n in zip([*histogram["le"], None], histogram["counts"], strict=True):
+        total += n
+        buckets.append(("+Inf" if bound is None else repr(bound / divisor), float(total)))
+    return buckets, histogram["sum"] / divisor
+
+
 class HostCounters:
-    """Counters a node keeps and reports in each heartbeat, exported per pool and host as they stand.
+    """Counters and histograms a node keeps and reports in each heartbeat, exported per pool and host
+    (and reason, for counts by reason) as they stand.
 
     The node owns the count (monotonic while it runs, reset by a restart: Prometheus' counter
     semantics), so every replica exports the same figure for a host; ``rate()`` over it is the
-    host's rate.  A host whose lease expired exports nothing (its last figure is stale).
+    host's rate.  A host whose lease expired exports nothing (its last figure is stale).  The host
+    label stays even where alerts want a pool's figure: a pool-wide sum would drop when a host
+    leaves, which Prometheus would read as a counter reset (a false burst).
     """
 
     def __init__(self) -> None:
         self.rows: list[tuple[str, str, dict[str, Any]]] = []  # (pool, host, last telemetry)
 
-    def describe(self) -> list[CounterMetricFamily]:
-        return [CounterMetricFamily(name, doc, labels=["pool", "host"]) for name, doc in HOST_COUNTERS.values()]
+    def describe(self) -> list[CounterMetricFamily | HistogramMetricFamily]:
+        return [*(CounterMetricFamily(name, doc, labels=["pool", "host"]) for name, doc in HOST_COUNTERS.values()),
+                *(CounterMetricFamily(name, doc, labels=["pool", "host", "reason"])
+                  for name, doc in HOST_REASON_COUNTERS.values()),
+                *(HistogramMetricFamily(name, doc, labels=["pool", "host"])
+                  for name, doc, _divisor in HOST_HISTOGRAMS.values())]
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
         for field, (name, doc) in HOST_COUNTERS.items():
             family = CounterMetricFamily(name, doc, labels=["pool", "host"])
             for pool, host, tel in self.rows:
                 if tel.get(field) is not None:
                     family.add_metric([pool, host], float(tel[field]))
             yield family
+        for field, (name, doc) in HOST_REASON_COUNTERS.items():
+            family = CounterMetricFamily(name, doc, labels=["pool", "host", "reason"])
+            for pool, host, tel in self.rows:
+                for reason, n in sorted((tel.get(field) or {}).items()):
+                    if n is not None:
+                        family.add_metric([pool, host, reason], float(n))
+            yield family
+        for field, (name, doc, divisor) in HOST_HISTOGRAMS.items():
+            hist = HistogramMetricFamily(name, doc, labels=["pool", "host"])
+            for pool, host, tel in self.rows:
+                if tel.get(field):
+                    buckets, total = histogram_buckets(tel[field], divisor)
+                    hist.add_metric([pool, host], buckets, total)
+            yield hist
+
+
+QUEUE_WAIT = ("render_broker_queue_wait_seconds",
+              "Time from a session request to its seat, seconds (0 when seated at once; sessions that left the "
+              "queue unseated are not counted), counted per pool by the seating step in Redis")
+
+
+class QueueWaitHistogram:
+    """The per-pool queue wait histograms the Lua seating step keeps in Redis, exported as they stand.
+
+    Redis owns the counts, so every replica exports the same figure for a pool (aggregate with
+    ``max by (pool, le)``, not ``sum``); a Redis that loses its state resets them (a counter reset).
+    """
+
+    def __init__(self) -> None:
+        self.pools: dict[str, QueueWaits] = {}
+
+    def describe(self) -> list[HistogramMetricFamily]:
+        return [HistogramMetricFamily(*QUEUE_WAIT, labels=["pool"])]
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(*QUEUE_WAIT, labels=["pool"])
+        for pool, waits in sorted(self.pools.items()):
+            running, buckets = 0, []
+            for le, n in zip((*QUEUE_WAIT_BUCKETS_S, float("inf")), waits.counts, strict=True):
+                running += n
+                buckets.append((floatToGoString(le), float(running)))
+            family.add_metric([pool], buckets, waits.sum_ms / 1000.0)
+        yield family
 
 
 def stream_value(session: dict[str, Any], field: str) -> float | None:
@@ -142,6 +225,13 @@ class Metrics:
                                     ["pool"], registry=r)
         self.host_counters = HostCounters()
         r.register(self.host_counters)
+        self.queue_waits = QueueWaitHistogram()
+        r.register(self.queue_waits)
+        # this process's own: sessions its reaper ended because their node never made them ready
+        self.start_timeouts = Counter("render_broker_session_start_timeouts_total",
+                                      "Sessions ended start_failed by the broker: their node did not report them "
+                                      "running within the start timeout (this replica's reaper)", ["pool"],
+                                      registry=r)
         self.gpu = {f: Gauge(name, doc, GPU_LABELS, registry=r) for f, (name, doc, _scale) in GPU_GAUGES.items()}
         self.gpu_vram_total = Gauge("render_broker_gpu_vram_total_bytes",
                                     "GPU memory, bytes (NVML's figure, else the registered size)", GPU_LABELS,
@@ -149,6 +239,16 @@ class Metrics:
         self.gpu_throttled = Gauge("render_broker_gpu_throttled",
                                    "1 per active NVML clock-event (throttle) reason", [*GPU_LABELS, "reason"],
                                    registry=r)
+        self.gpu_sessions = Gauge("render_broker_gpu_sessions",
+                                  "Sessions seated on the GPU (staged ones included: each holds a seat and its "
+                                  "memory), as the broker's seat counts say", GPU_LABELS, registry=r)
+        # The node watchdog's state from each live host's last heartbeat (hosts whose node runs none: no series)
+        self.watchdog_tripped = Gauge("render_broker_node_watchdog_tripped",
+                                      "1 when the check has failed since the host's node watchdog drained it, 0 "
+                                      "for the other checks", ["pool", "host", "check"], registry=r)
+        self.watchdog_held = Gauge("render_broker_node_watchdog_held",
+                                   "1 while the node watchdog, after repeated trips, holds its host drained until "
+                                   "an operator undrains it", ["pool", "host"], registry=r)
         self.gpu_software = Gauge("render_broker_gpu_software_encode",
                                   "1 when the host registered this GPU to encode in software, 0 for NVENC",
                                   GPU_LABELS, registry=r)
@@ -165,6 +265,14 @@ class Metrics:
             self.queue.labels(name).set(p["queue_length"])
             self.seats_used.labels(name).set(p["seats_used"])
             self.seats_total.labels(name).set(p["seats_total"])
+            self.start_timeouts.labels(name)  # every pool's series from 0, so rate() sees its first timeout
+
+    def start_timed_out(self, pool: str) -> None:
+        """The reaper ended a session of ``pool`` because its node never made it ready."""
+        self.start_timeouts.labels(pool).inc()
+
+    def update_queue_waits(self, waits: dict[str, QueueWaits]) -> None:
+        self.queue_waits.pools = dict(waits)
 
     def update_streams(self, hosts: list[dict[str, Any]]) -> None:
         """Per-pool stream quantiles from the sessions in live hosts' last heartbeats."""
@@ -189,9 +297,22 @@ class Metrics:
                 for q in STREAM_QUANTILE_LABELS[name]:
                     self.stream[name].labels(pool, q).set(quantile(values, float(q)))
 
+    def update_watchdogs(self, hosts: list[dict[str, Any]]) -> None:
+        """Each live host's watchdog report (its last heartbeat's ``watchdog``): every check 0/1, and held."""
+        for g in (self.watchdog_tripped, self.watchdog_held):
+            g.clear()
+        for h in hosts:
+            report = (h.get("telemetry") or {}).get("watchdog") if h.get("alive") else None
+            if report is None:
+                continue
+            pool, tripped = h.get("pool") or "", set(report.get("tripped") or ())
+            for check in WatchdogCheck:
+                self.watchdog_tripped.labels(pool, h["id"], check.value).set(1 if check in tripped else 0)
+            self.watchdog_held.labels(pool, h["id"]).set(1 if report.get("held") else 0)
+
     def update_gpus(self, hosts: list[dict[str, Any]]) -> None:
         """Per-GPU gauges from host records (``LiveStore.get_hosts``): registration and last telemetry."""
-        gauges = [*self.gpu.values(), self.gpu_vram_total, self.gpu_throttled, self.gpu_software]
+        gauges = [*self.gpu.values(), self.gpu_vram_total, self.gpu_throttled, self.gpu_software, self.gpu_sessions]
         for g in gauges:
             g.clear()
         for h in hosts:
@@ -201,6 +322,7 @@ class Metrics:
             for gpu in h.get("gpus", []):
                 labels = (pool, host, str(gpu["index"]))
                 self.gpu_software.labels(*labels).set(1 if gpu.get("encode") == "software" else 0)
+                self.gpu_sessions.labels(*labels).set(gpu.get("used", 0))
                 t = by_index.get(gpu["index"], {})
                 total_mb = t.get("vram_total_mb")
                 self.gpu_vram_total.labels(*labels).set((gpu["vram_mb"] if total_mb is None else total_mb)

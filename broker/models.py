@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 from typing import Any, Final
 
 from broker.errors import ValidationError
-from broker.protocol import PlacementStrategy, PoolKind
+from broker.protocol import PlacementStrategy, PoolKind, StartFailure, WatchdogCheck
 from broker.validate import Field, validate
 
 NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")  # pool/host ids: DNS-label-like
@@ -179,6 +180,34 @@ GPU_TELEMETRY_SCHEMA: Final = {
                               description="Active NVML clock-event (throttle) reasons, short names"),
 }
 
+WATCHDOG_REPORT_SCHEMA: Final = {
+    "tripped": Field("array", default=[], max_items=len(WatchdogCheck),
+                     items=Field("str", choices=tuple(WatchdogCheck)),
+                     description="the checks that failed since the node's watchdog drained the host (empty: it "
+                                 "has not)"),
+    "held": Field("bool", default=False,
+                  description="the watchdog tripped too often and holds the drain until an operator undrains"),
+}
+
+HISTOGRAM_MAX_BUCKETS: Final = 32  # bucket bounds a node-kept histogram may have
+MAX_HISTOGRAM_MS: Final = 3_600_000.0  # an hour: no bucket bound of a latency is longer
+
+# A node-kept histogram of milliseconds (streamer.media.glass's wire form): "counts" has one count per
+# bound, each counting the values over the previous bound up to its own, and one more over the last bound.
+HISTOGRAM_MS_SCHEMA: Final = {
+    "le": Field("array", required=True, max_items=HISTOGRAM_MAX_BUCKETS,
+                items=Field("number", minimum=0, maximum=MAX_HISTOGRAM_MS),
+                description="bucket upper bounds, ms, increasing"),
+    "counts": Field("array", required=True, max_items=HISTOGRAM_MAX_BUCKETS + 1,
+                    items=Field("int", minimum=0, maximum=MAX_COUNT),
+                    description="values per bucket (not cumulative): len(le) + 1 counts, the last over the last bound"),
+    "sum": Field("number", required=True, minimum=0, description="sum of the values, ms"),
+}
+
+START_FAILURES_SCHEMA: Final = {
+    reason.value: Field("int", default=0, minimum=0, maximum=MAX_COUNT) for reason in StartFailure
+}
+
 HEARTBEAT_SCHEMA: Final = {
     "gpus": Field("array", default=[], items=Field("object", schema=GPU_TELEMETRY_SCHEMA), max_items=64),
     "sessions": Field("array", default=[], items=Field("object", schema=SESSION_TELEMETRY_SCHEMA),
@@ -189,7 +218,33 @@ HEARTBEAT_SCHEMA: Final = {
     "encoder_errors_total": Field("int", nullable=True, minimum=0, maximum=MAX_COUNT,
                                   description="encoder errors of every session this node ran since it started "
                                               "(a counter)"),
+    "watchdog": Field("object", nullable=True, schema=WATCHDOG_REPORT_SCHEMA,
+                      description="the node watchdog's state (null or absent: the node runs none)"),
+    "session_starts_total": Field("int", nullable=True, minimum=0, maximum=MAX_COUNT,
+                                  description="session starts this node attempted since it started (a counter)"),
+    "session_start_failures_total": Field("object", nullable=True, schema=START_FAILURES_SCHEMA,
+                                          description="session start failures by reason since the node started "
+                                                      "(counters; a reason left out is 0)"),
+    "glass_to_glass_ms": Field("object", nullable=True, schema=HISTOGRAM_MS_SCHEMA,
+                               description="glass-to-glass latency its sessions' viewers reported since the node "
+                                           "started (a histogram, ms)"),
 }
+
+
+def validate_heartbeat(body: Any) -> dict[str, Any]:
+    """``HEARTBEAT_SCHEMA`` plus what a schema cannot say: a histogram's bounds increase and it has
+    one count more than bounds.  Raises ``ValidationError`` naming the field."""
+    data = validate(body, HEARTBEAT_SCHEMA)
+    histogram = data.get("glass_to_glass_ms")
+    if histogram is not None:
+        bounds, counts = histogram["le"], histogram["counts"]
+        if not bounds or any(b <= a for a, b in pairwise(bounds)):
+            raise ValidationError("glass_to_glass_ms.le: must be a non-empty list of increasing bounds",
+                                  field="glass_to_glass_ms.le")
+        if len(counts) != len(bounds) + 1:
+            raise ValidationError(f"glass_to_glass_ms.counts: must have {len(bounds) + 1} counts (one per bound "
+                                  "and one over the last)", field="glass_to_glass_ms.counts")
+    return data
 
 PROFILE_SCHEMA: Final = {
     "width": Field("int", default=1280, minimum=160, maximum=MAX_WIDTH_PX),

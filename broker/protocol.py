@@ -23,7 +23,7 @@ API_PREFIX: Final = "/api/v1"
 # data channels).  Raised by one for every change a client can observe, compatible additions
 # included; docs/protocol.md's change log says what changed and whether it breaks old clients.
 # tests/web/test_protocol_doc.py checks that the document states this number.
-PROTOCOL_VERSION: Final = 5
+PROTOCOL_VERSION: Final = 6
 
 
 class SessionState(StrEnum):
@@ -65,6 +65,19 @@ class HostState(StrEnum):
     UP = "up"
     DRAINING = "draining"
     DOWN = "down"
+
+
+class WatchdogCheck(StrEnum):
+    """A node watchdog check (``streamer.node.watchdog``): the ``reason`` code of a drain it asks for, and
+    what a heartbeat's ``watchdog.tripped`` lists (the broker exports them as a bounded label, ``check``)."""
+
+    GPU_HOT = "gpu_hot"
+    GPU_THROTTLED = "gpu_throttled"
+    VRAM_LEAK = "vram_leak"
+    SESSION_FAILURES = "session_failures"
+    ENCODER_ERRORS = "encoder_errors"
+    SELFTEST_FAILED = "selftest_failed"
+    LOOP_LAG = "loop_lag"
 
 
 class PlacementStrategy(StrEnum):
@@ -162,6 +175,10 @@ class InputType(StrEnum):
     # {"t":"pa","id":n,"rx":packets,"rx_ms":ms,"fd":frames}: the answer to a "probe", on
     # PROBE_CHANNEL_LABEL; "fd" (video frames decoded so far) is optional
     PROBE_ACK = "pa"
+    # {"t":"vs","g2g":[ms,...]}: viewer stats, every VIEWER_STATS_INTERVAL_MS while it has any: the
+    # glass-to-glass latencies (ms) it measured since its last "vs" (frame stamps of the built-in game),
+    # at most VIEWER_STATS_MAX_SAMPLES; the node keeps them in a histogram for the operator's metrics
+    VIEWER_STATS = "vs"
 
 
 class NodeEventType(StrEnum):
@@ -195,6 +212,8 @@ GAMEPAD_MAX_INDEX: Final = 3
 POINTER_MAX_BUTTON: Final = 5
 POINTER_MAX_DELTA: Final = 4096  # px per "pr" message and axis; the viewer clamps, the node refuses more
 WHEEL_MAX_NOTCHES: Final = 10
+VIEWER_STATS_MAX_SAMPLES: Final = 64  # glass-to-glass samples per "vs" message; a longer list is dropped
+VIEWER_STATS_INTERVAL_MS: Final = 2000  # how often the web client sends "vs" (when it has samples)
 
 
 # --- node assignment channel (broker -> node, Redis pub/sub relayed over WebSocket) --
@@ -205,6 +224,19 @@ class NodeCommand(StrEnum):
     STOP = "stop"  # {"cmd":"stop","session_id":"...","reason":"..."}
     WARN = "warn"  # {"cmd":"warn","session_id":"...","code":"...","detail":"...","ends_in_s":n}
     SIGNAL = "signal"  # {"cmd":"signal","session_id":"...","msg":{...signaling message}}
+
+
+class StartFailure(StrEnum):
+    """Why a session failed to start on its node: the reasons of the heartbeat's
+    ``session_start_failures_total`` (node -> broker only; no viewer sees them, so the web client has
+    no copy).  A session counts once, at the first of these that happens to it."""
+
+    REFUSED = "refused"  # the node does not run the session's programs (e.g. an app as root)
+    DISPLAY = "display"  # the virtual display, its capture or input, or the game renderer failed
+    ENCODER = "encoder"  # no encoder could be chosen or opened
+    ERROR = "error"  # anything else (a malformed start command, a bug: the node logs the traceback)
+    ICE_FAILED = "ice_failed"  # the session's first viewer connection failed ICE (no viewer had connected)
+    DTLS_FAILED = "dtls_failed"  # ... or its DTLS handshake (SignalError.ICE_FAILED / DTLS_FAILED)
 
 
 class EventType(StrEnum):

@@ -42,7 +42,6 @@ from broker.lifecycle import (
     warn_before_end,
 )
 from broker.models import (
-    HEARTBEAT_SCHEMA,
     SESSION_SCHEMA,
     SESSION_STATE_SCHEMA,
     USER_RE,
@@ -50,6 +49,7 @@ from broker.models import (
     Profile,
     check_name,
     parse_host,
+    validate_heartbeat,
 )
 from broker.protocol import API_PREFIX, EndReason, HostState, NodeCommand, Role, SessionState
 from broker.settings import BrokerSettings
@@ -84,13 +84,17 @@ class Stats:
 
 class Broker:
     def __init__(self, settings: BrokerSettings, live: LiveStore, repo: Repository,
-                 clock: Clock = wall_clock_ms, observe_allocation: Callable[[float], None] | None = None) -> None:
+                 clock: Clock = wall_clock_ms, observe_allocation: Callable[[float], None] | None = None,
+                 *, on_start_timeout: Callable[[str], None] | None = None) -> None:
+        """``observe_allocation(seconds)`` sees each seat-or-queue step's latency; ``on_start_timeout(pool)``
+        each session this process ended because its node never made it ready (the metrics' counters)."""
         self.settings = settings
         self.live = live
         self.repo = repo
         self.clock = clock
         self.stats = Stats()
         self._observe_allocation = observe_allocation or (lambda _s: None)
+        self._on_start_timeout = on_start_timeout or (lambda _pool: None)
         self._loop_late_s = 0.0  # how late the reaper's last tick fired (see note_loop_lag)
         self._orphans_seen: set[bytes] = set()
         self.epoch: str | None = None  # the live-state generation this process works on (see state_check)
@@ -260,7 +264,7 @@ class Broker:
         ``store/lua/heartbeat.lua``): a heartbeat built before the node reported it never ends it.
         """
         now = self.clock()
-        data = validate(body, HEARTBEAT_SCHEMA)
+        data = validate_heartbeat(body)
         res = await self.live.heartbeat(host_id, now, self.settings.lease_ttl_ms, data)
         if res.status == "retired":
             raise self._retired(host_id)
@@ -270,8 +274,9 @@ class Broker:
         for sid in res.ended:
             self.stats.sessions_ended += 1
             log.info("session %s ended: %s (node no longer runs it)", sid, EndReason.NODE_ENDED)
+        # host_state: the node's watchdog compares it with its own (an operator's undrain releases a hold)
         return {"status": "ok", "start": [self.session_command(s) for s in res.start], "stop": res.stop,
-                "lease_ttl_s": self.settings.host_lease_ttl_s}
+                "lease_ttl_s": self.settings.host_lease_ttl_s, "host_state": res.host_state}
 
     async def set_host_state(self, who: Principal, host_id: str, state: HostState,
                              reason: str = "") -> dict[str, Any]:
@@ -601,6 +606,8 @@ class Broker:
                 if d.end and d.reason is not None:
                     if await self.end_session_internal(s["id"], d.reason, d.detail) == "ended":
                         ended.append((s["id"], d.reason.value))
+                        if d.reason == EndReason.START_FAILED:  # the node never reported it running in time
+                            self._on_start_timeout(s["pool"])
                 else:
                     keep.append(s["id"])
             if keep and await self.live.reschedule(keep, now):

@@ -77,6 +77,8 @@ class BrokerSettings:
     allow_guests: bool = opt(False, "Let the web client mint itself a short guest token (demo only)")
     autoscale_interval_s: float = opt(60.0, "How often each pool that has a scaling plan is evaluated; 0 turns "
                                             "the autoscaler loop off")
+    rollout_interval_s: float = opt(15.0, "Seconds between canary rollout judging passes (one replica judges each "
+                                          "pool); 0 turns the loop off: rollouts then change only on an admin's word")
     autoscale_max_hosts: int = opt(10, "Most hosts the local/kubernetes provider runs per pool (static: the hosts "
                                        "registered in the pool)")
     autoscale_boot_timeout_s: float = opt(600.0, "A started host not registered after this long is stopped and "

@@ -135,7 +135,7 @@ class Broker:
         """``DELETE /sessions/{id}``: the ended view (again 200 when it had already ended)."""
         return dict(await self.request("DELETE", f"sessions/{session_id}"))
 
-    # --- share links (protocol v5) --------------------------------------------------------
+    # --- share links (protocol v6) --------------------------------------------------------
     async def share(self, session_id: str, ttl_s: int = 3600) -> dict[str, Any]:
         """``POST /sessions/{id}/shares``: a view-only link (``token``, ``watch_url``, ``id``, ``expires_at``)."""
         return dict(await self.request("POST", f"sessions/{session_id}/shares", {"role": "view", "ttl_s": ttl_s}))

@@ -17,7 +17,9 @@
 // session's state; what does not need it already lives in peer.js, input.js, stats.js, playout.js,
 // resize.js, clipboard.js, sound.js and tabs.js.
 
-import { EndReason, EventType, InputType, NodeEventType, PoolKind, Role, SEATED_STATES, SessionState } from "./protocol.js";
+import {
+  EndReason, EventType, InputType, NodeEventType, PoolKind, Role, SEATED_STATES, SessionState, VIEWER_STATS_INTERVAL_MS,
+} from "./protocol.js";
 import { $, ApiError, api, el, fmtDuration, problemText, render, sleep, tokenStore, withToken } from "./common.js";
 import { hideWarning, showProblem, showWarning, toast } from "./ui.js";
 import { PROFILE_LIMITS, estimateWaitS, evenSize } from "./calc.js";
@@ -655,6 +657,13 @@ async function tick() {
   if (app.statsVisible && app.view === "stream") renderStats($("#stats"), app.lastStats);
 }
 
+/** Report the glass-to-glass samples measured since the last report to the node ("vs"), when there are any. */
+function sendViewerStats() {
+  if (!app.link || !app.link.channelOpen || app.view !== "stream") return;
+  const g2g = stamps.takeFresh();
+  if (g2g.length) app.link.send({ t: InputType.VIEWER_STATS, g2g });
+}
+
 async function toggleFullscreen() {
   if (document.fullscreenElement) { await document.exitFullscreen().catch(() => {}); return; }
   try {
@@ -702,6 +711,7 @@ function wire() {
   touch.attach();
   stamps.start();
   setInterval(tick, TICK_MS);
+  setInterval(sendViewerStats, VIEWER_STATS_INTERVAL_MS);
 }
 
 // Test hook: read-only views of the client's state, getStats, and a simulated signaling drop.

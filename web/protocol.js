@@ -11,7 +11,7 @@
 export const API_PREFIX = "/api/v1";
 
 // the client protocol version docs/protocol.md describes
-export const PROTOCOL_VERSION = 5;
+export const PROTOCOL_VERSION = 6;
 
 // ---- session lifecycle --------------------------------------------------------------
 
@@ -123,7 +123,8 @@ export const InputType = Object.freeze({
   "CLIPBOARD": "cb",
   "RESIZE": "rs",
   "PING": "ping",
-  "PROBE_ACK": "pa"
+  "PROBE_ACK": "pa",
+  "VIEWER_STATS": "vs"
 });
 
 export const NodeEventType = Object.freeze({
@@ -147,6 +148,8 @@ export const GAMEPAD_MAX_INDEX = 3;
 export const POINTER_MAX_BUTTON = 5;
 export const POINTER_MAX_DELTA = 4096;
 export const WHEEL_MAX_NOTCHES = 10;
+export const VIEWER_STATS_MAX_SAMPLES = 64;
+export const VIEWER_STATS_INTERVAL_MS = 2000;
 
 // ---- broker <-> node and event stream ----------------------------------------------------
 

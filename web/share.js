@@ -1,4 +1,4 @@
-// The owner's share links (protocol v5): "Share" makes a view-only link and copies it, "Sharing (N)" opens
+// The owner's share links (protocol v6): "Share" makes a view-only link and copies it, "Sharing (N)" opens
 // the list of live links (who made each, when it expires, viewers connected) with Stop per link and
 // "Stop sharing" (every link). A revoked link's viewers are disconnected by the broker and told so.
 // The list is re-read after each action and every few seconds while it is open.

@@ -3,11 +3,13 @@
 //
 // readStats() is a function of (peer connection, previous sample): rates are deltas against the
 // previous periodic sample the caller keeps.  FrameStamps samples the displayed video a few times a
-// second (requestVideoFrameCallback) and keeps the recent glass-to-glass values.
+// second (requestVideoFrameCallback) and keeps the recent glass-to-glass values; takeFresh() hands the
+// ones measured since its last call to the "vs" message that reports them to the node.
 
 import { mode, rtpOffset, rtpShiftMs } from "./calc.js";
 import { el, fmtBitrate, fmtNum, render } from "./common.js";
 import { STAMP_COLUMNS, STAMP_ROWS, cellBits, median, parseStamp, stampHeight } from "./stamp.js";
+import { VIEWER_STATS_MAX_SAMPLES } from "./protocol.js";
 
 const STAMP_SCALE = 4; // stamp strip sampled at 4 x 4 canvas pixels per cell
 const STAMP_SAMPLE_MS = 250; // read a frame stamp at most this often (4x slower after repeated misses)
@@ -107,6 +109,7 @@ export class FrameStamps {
     this.everyFrame = Boolean(opts.everyFrame);
     this.frameNumbers = []; // frame numbers of the newest stamped frames read (at most FRAME_NUMBERS_KEPT)
     this.samples = [];
+    this.fresh = []; // samples not yet reported to the node (takeFresh), the newest VIEWER_STATS_MAX_SAMPLES
     this.offsets = []; // recent RTP offsets (see rtpShiftMs), to pair each sample with its frame
     this.misses = 0;
     this.lastAt = 0;
@@ -127,6 +130,7 @@ export class FrameStamps {
   /** Forget old samples (a new connection). */
   reset() {
     this.samples = [];
+    this.fresh = [];
     this.offsets = [];
     this.misses = 0;
   }
@@ -134,6 +138,13 @@ export class FrameStamps {
   /** Median of the recent samples in ms, or null when no frame carried a stamp. */
   get glassToGlassMs() {
     return median(this.samples);
+  }
+
+  /** The samples (ms, 0.1 ms steps) measured since the last call, oldest first; [] when there are none. */
+  takeFresh() {
+    const out = this.fresh.map((ms) => Math.round(ms * 10) / 10);
+    this.fresh = [];
+    return out;
   }
 
   onFrame(meta) {
@@ -167,6 +178,8 @@ export class FrameStamps {
       if (g2g > -1000 && g2g < 60_000) { // clocks of different machines may disagree: keep plausible values only
         this.samples.push(g2g);
         if (this.samples.length > STAMP_WINDOW) this.samples.shift();
+        this.fresh.push(g2g);
+        if (this.fresh.length > VIEWER_STATS_MAX_SAMPLES) this.fresh.shift();
       }
     } catch { /* no decodable frame yet */ }
   }

@@ -435,10 +435,13 @@ async def metrics(request: web.Request) -> web.Response:
     check_metrics(request)
     b, m = request.app[BROKER], request.app[METRICS]
     try:
-        m.update_pools(await b.list_pools())
+        pools = await b.list_pools()
+        m.update_pools(pools)
+        m.update_queue_waits(await b.live.queue_waits([p["name"] for p in pools]))
         hosts = await b.live.get_hosts(await b.live.host_ids())
         m.update_streams(hosts)
         m.update_gpus(hosts)
+        m.update_watchdogs(hosts)
     except (RedisError, OSError):  # Redis down: still serve process counters
         pass
     return web.Response(body=m.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})

@@ -8,7 +8,8 @@
 - ``GET /api/v1/hosts/{id}/commands`` (the host's own node credential): WebSocket.  The broker
   pushes ``start``/``stop``/``warn``/``signal`` commands published on the
   host's channel by any replica; on connect it replays the host's ``starting``
-  sessions so an assignment published before the node connected is not lost.
+  sessions so an assignment published before the node connected is not lost (and skips, once, the
+  publish of a session it replayed: one seated between subscribing and listing is both).
   The node sends signaling messages for viewers up the same socket.
 - ``GET /api/v1/sessions/{id}/signal`` (session owner): WebSocket.  Viewer
   messages go to the node's channel; node messages arrive on the session's
@@ -112,10 +113,12 @@ async def node_commands(request: web.Request) -> web.WebSocketResponse:
     await ws.prepare(request)
     async with hub.listen(b.live.keys.chan_node(host_id)) as q:
         host = await b.get_host(host_id)
+        listed: set[str] = set()  # starts sent from the listing: their publish may still be in ``q``
         for s in await b.live.get_sessions(host["sessions"]):
             if s["state"] in (SessionState.STARTING, STAGED_STATE):
                 await ws.send_json(b.session_command(s))
-        pump = asyncio.create_task(_forward(q, ws, b))
+                listed.add(s["id"])
+        pump = asyncio.create_task(_forward(q, ws, b, listed))
         try:
             async for msg in ws:
                 if msg.type != WSMsgType.TEXT:
@@ -128,11 +131,20 @@ async def node_commands(request: web.Request) -> web.WebSocketResponse:
     return ws
 
 
-async def _forward(q: asyncio.Queue[bytes], ws: web.WebSocketResponse, b: Any) -> None:
+async def _forward(q: asyncio.Queue[bytes], ws: web.WebSocketResponse, b: Any, listed: set[str]) -> None:
+    """Forward the host channel's commands; a plain start the listing already sent is skipped once.
+
+    The socket listens before it lists the host's sessions (so no assignment falls between the two),
+    which means a session seated in between is both listed and published: its publish is the
+    duplicate.  A ``bind`` start is a different command (a staged session handed out) and always goes.
+    """
     while True:
         raw = await q.get()
         msg = json.loads(raw)
         if msg.get("cmd") == NodeCommand.START.value:
+            if not msg.get("bind") and msg["session"]["id"] in listed:
+                listed.discard(msg["session"]["id"])
+                continue
             s = await b.live.get_session(msg["session"]["id"])
             # a start (or a staged one), or a staged session handed to a user (bind: same runtime, now theirs)
             if s is None or not (s["state"] in (SessionState.STARTING, STAGED_STATE)

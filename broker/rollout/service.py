@@ -27,8 +27,8 @@ every replica exports the same view.  Sessions already running on candidate host
 ended by a rollback: a drain only stops new seatings.
 
 Concurrency: one `Rollouts` per process; its loop (``broker.app``) calls `run_once` every
-``ROLLOUT_INTERVAL_S``; request handlers call `put`, `get`, `delete` and `admin_decision`
-concurrently with it.  Shared state is in Redis/SQL; the per-pool lock serialises passes.
+``rollout_interval_s`` (a broker setting, 15 s by default); request handlers call `put`, `get`,
+`delete` and `admin_decision` concurrently with it.  Shared state is in Redis/SQL; the per-pool lock serialises passes.
 """
 
 from __future__ import annotations
@@ -59,8 +59,7 @@ from broker.service import Broker
 log = logging.getLogger(__name__)
 
 ACTOR: Final = Principal(Role.ADMIN, "rollout")  # how the rollout loop appears in the audit log
-ROLLOUT_INTERVAL_S: Final = 15.0  # seconds between judging passes
-LOCK_TTL_MS: Final = int(max(10.0, 2 * ROLLOUT_INTERVAL_S) * 1000)
+ROLLOUT_INTERVAL_S: Final = 15.0  # seconds between judging passes (the default of ``rollout_interval_s``)
 
 
 class State(StrEnum):
@@ -97,8 +96,11 @@ class RolloutMetrics:
 class Rollouts:
     """Canary rollouts of every pool (see the module docstring)."""
 
-    def __init__(self, broker: Broker, registry: CollectorRegistry | None = None, owner: str | None = None) -> None:
+    def __init__(self, broker: Broker, registry: CollectorRegistry | None = None, owner: str | None = None,
+                 interval_s: float = ROLLOUT_INTERVAL_S) -> None:
         self.broker = broker
+        # the pool's leader lock outlives two passes, so a leader keeps it while it runs
+        self.lock_ttl_ms = int(max(10.0, 2 * interval_s) * 1000)
         self.live = broker.live
         self.repo = RolloutRepository(broker.repo.engine)
         self.metrics = RolloutMetrics(registry)
@@ -237,7 +239,7 @@ class Rollouts:
     async def evaluate_pool(self, row: dict[str, Any]) -> Verdict | None:
         """One pass for one pool; None when another replica leads it or nothing was judged."""
         pool = row["pool"]
-        if not await self.live.try_lock(_lock_name(pool), self.owner, LOCK_TTL_MS):
+        if not await self.live.try_lock(_lock_name(pool), self.owner, self.lock_ttl_ms):
             return None
         policy = RolloutPolicy.from_body(row["policy"])
         share = policy.share_pct if row["state"] == State.ACTIVE else 0

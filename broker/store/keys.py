@@ -25,6 +25,9 @@ Key map (``P`` is the prefix, default ``rb``)::
                                        counter, time and host)
     P:pool:{pool}:stats         hash   counters: hosts_{state}, seats_total / seats_free (up hosts),
                                        seats_used (hosts not down), s_{state} live sessions by state
+    P:pool:{pool}:waits         hash   queue wait histogram of every seating (request -> seat, 0 when seated at
+                                       once): b{i} seatings whose wait fell in bucket i of QUEUE_WAIT_BUCKETS_S
+                                       (not cumulative; b{n+1} = over the last bound), sum_ms; lives with the pool
     P:hosts                     set    every host id
     P:host:{id}                 hash   pool, address, state, gpus (JSON), u:{gpu} used and s:{gpu} seats,
                                        g (GPU indices), seats/used/free/acct (what it last added to its
@@ -102,6 +105,10 @@ STAGED_STATE: Final = "staged"
 INDEX_VERSION: Final = "1"  # layout of the P:pool:*:avail/stats and P:due:* indexes; a change rebuilds them
 REAPER_PASS_TTL_S: Final = 86_400  # a reaper-pass stamp nobody renewed for a day is dropped (no grace then)
 RECOVERY_TTL_S: Final = 86_400  # the record of the last state-loss recovery
+# Upper bounds (seconds) of the queue wait histogram's buckets (P:pool:{pool}:waits; the Lua seating step
+# counts into them, /metrics exports them as render_broker_queue_wait_seconds): a seat at once lands in the
+# first; the last is past the default queue timeout (a pool's queue_timeout_s, 600 s)
+QUEUE_WAIT_BUCKETS_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 REAP_CLAIM_MS: Final = 30_000  # a claimed deadline comes due again this long after a replica took it
 
 
@@ -148,6 +155,9 @@ class Keys:
 
     def pool_stats(self, name: str) -> str:
         return f"{self.prefix}:pool:{name}:stats"
+
+    def pool_waits(self, name: str) -> str:
+        return f"{self.prefix}:pool:{name}:waits"
 
     def host(self, host_id: str) -> str:
         return f"{self.prefix}:host:{host_id}"

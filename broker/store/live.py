@@ -41,6 +41,7 @@ from broker.store.keys import (
     DOWN_HOST_TTL_S,
     ENDED_SESSION_TTL_S,
     INDEX_VERSION,
+    QUEUE_WAIT_BUCKETS_S,
     REAPER_PASS_TTL_S,
     RETIRED_HOST_TTL_S,
     SHARE_VIEWER_TTL_MS,
@@ -66,7 +67,8 @@ def _load_scripts() -> dict[str, str]:
     header = (f"local ENDED_TTL_S = {ENDED_SESSION_TTL_S}\n"
               f"local START_TIMEOUT_MS = {START_TIMEOUT_MS}\n"
               f"local REAPER_PASS_TTL_S = {REAPER_PASS_TTL_S}\n"
-              f"local CLOSE_GRACE_DEFAULT_S = {CLOSE_GRACE_DEFAULT_S}\n")
+              f"local CLOSE_GRACE_DEFAULT_S = {CLOSE_GRACE_DEFAULT_S}\n"
+              f"local QUEUE_WAIT_BUCKETS_MS = {{{', '.join(str(round(b * 1000)) for b in QUEUE_WAIT_BUCKETS_S)}}}\n")
     prelude = header + (base / "prelude.lua").read_text()
     return {name: prelude + "\n" + (base / f"{name}.lua").read_text() for name in SCRIPT_NAMES}
 
@@ -110,9 +112,19 @@ class HeartbeatResult:
     """What one heartbeat step did: ``status`` ok | unknown | retired."""
 
     status: str
+    host_state: str = ""  # up | draining, as the step found the host (ok only)
     stop: list[str] = field(default_factory=list)  # sessions the node runs that the broker does not
     ended: list[str] = field(default_factory=list)  # sessions the node dropped: ended node_ended
     start: list[dict[str, Any]] = field(default_factory=list)  # sessions still starting (to send again)
+
+
+@dataclass(frozen=True)
+class QueueWaits:
+    """A pool's queue wait histogram: seatings per bucket of ``QUEUE_WAIT_BUCKETS_S`` (not cumulative; the
+    last entry counts the waits over the last bound) and the waits' sum in ms."""
+
+    counts: tuple[int, ...]
+    sum_ms: int
 
 
 @dataclass(frozen=True)
@@ -304,7 +316,7 @@ class LiveStore:
         status = _s(res[0])
         if status != "ok":
             return HeartbeatResult(status)
-        i = 1
+        i = 2
         lists: list[list[str]] = []
         for _ in range(2):
             n = int(res[i])
@@ -319,7 +331,7 @@ class LiveStore:
             start.append({**rec, "gpu": int(rec["gpu"]) if rec["gpu"] else None,
                           "kind": rec["kind"] or None,
                           "profile": json.loads(rec["profile"]) if rec["profile"] else None})
-        return HeartbeatResult(status, lists[0], lists[1], start)
+        return HeartbeatResult(status, _s(res[1]), lists[0], lists[1], start)
 
     async def host_down(self, host_id: str, now_ms: int) -> tuple[str, list[str]]:
         """Mark one host down if its lease is due at ``now_ms`` (status down | alive | already | not_found)."""
@@ -548,6 +560,21 @@ class LiveStore:
             # warm sessions for the next users (the pool's ``staged`` setting; each holds a seat in seats_used)
             "staged_sessions": {"target": pool.staged, "ready": int(ready), "starting": int(staged) - int(ready)},
         }
+
+    async def queue_waits(self, pools: list[str]) -> dict[str, QueueWaits]:
+        """Each pool's queue wait histogram as the seating steps counted it (``P:pool:{pool}:waits``)."""
+        if not pools:
+            return {}
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for name in pools:
+                pipe.hgetall(self.keys.pool_waits(name))
+            raw = await pipe.execute()
+        out = {}
+        for name, rec in zip(pools, raw, strict=True):
+            d = {_s(k): int(v) for k, v in rec.items()}
+            out[name] = QueueWaits(tuple(d.get(f"b{i}", 0) for i in range(1, len(QUEUE_WAIT_BUCKETS_S) + 2)),
+                                   d.get("sum_ms", 0))
+        return out
 
     # ---- outbox (live -> SQL) --------------------------------------------------------
     async def outbox_take(self, limit: int = 100) -> list[bytes]:

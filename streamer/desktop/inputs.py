@@ -40,6 +40,7 @@ from broker.protocol import (
     GAMEPAD_MAX_INDEX,
     POINTER_MAX_BUTTON,
     POINTER_MAX_DELTA,
+    VIEWER_STATS_MAX_SAMPLES,
     WHEEL_MAX_NOTCHES,
     InputType,
 )
@@ -175,8 +176,19 @@ class ProbeAck:
     frames_decoded: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ViewerStats:
+    """The viewer's own measurements since its last ``vs``: ``glass_ms`` (wire ``g2g``) are glass-to-glass
+    latencies in ms, finite numbers, at most ``VIEWER_STATS_MAX_SAMPLES``.  Their range is not judged here:
+    ``streamer.media.glass`` ignores the implausible ones (clocks of two machines may disagree)."""
+
+    TYPE: ClassVar[InputType] = InputType.VIEWER_STATS
+    glass_ms: tuple[float, ...]
+
+
 InputEvent = (
     PointerMove | PointerRelative | PointerButton | Wheel | Key | Gamepad | Clipboard | Resize | Ping | ProbeAck
+    | ViewerStats
 )
 
 
@@ -375,6 +387,8 @@ def _parse_object(msg: dict[str, object]) -> InputEvent:
                 rx_ms=_number(msg, "rx_ms", 0.0, math.inf),
                 frames_decoded=_integer(msg, "fd", 0, PING_MAX_ID) if "fd" in msg else None,
             )
+        case InputType.VIEWER_STATS:
+            return ViewerStats(glass_ms=_number_list(msg, "g2g", VIEWER_STATS_MAX_SAMPLES, -math.inf, math.inf))
 
 
 def parse_input(raw: str | bytes) -> InputEvent | InputError:

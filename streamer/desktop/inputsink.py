@@ -12,8 +12,8 @@ one worker thread (``rb-input-<session>``), which owns the X connection and
 keeps arrival order; ``GameSource`` queues events for the frame thread, which
 owns the ``Game`` and applies them right before it renders the next frame.
 
-Invariants: ``handle`` never raises; pings, probe answers and viewport resizes do not count
-as user activity (``last_input_ms``); events are injected in arrival order;
+Invariants: ``handle`` never raises; pings, probe answers, viewport resizes and viewer stats do not
+count as user activity (``last_input_ms``); events are injected in arrival order;
 ``close`` releases held keys and buttons before the X connection goes.
 """
 
@@ -41,6 +41,7 @@ from streamer.desktop.inputs import (
     Ping,
     ProbeAck,
     Resize,
+    ViewerStats,
     parse_input,
 )
 from streamer.desktop.xinput import XInjector
@@ -66,7 +67,7 @@ class InputRouter:
 
     Lives as long as the session (counters and ``last_input_ms`` survive
     reconnects).  ``last_input_ms`` (ms since the epoch) moves on user input
-    only: pings, probe answers and viewport resizes are automatic, not activity.
+    only: pings, probe answers, viewport resizes and viewer stats are automatic, not activity.
     """
 
     def __init__(
@@ -76,12 +77,15 @@ class InputRouter:
         *,
         on_clipboard: Callable[[str], None] | None = None,
         on_resize: Callable[[int, int], None] | None = None,
+        on_viewer_stats: Callable[[tuple[float, ...]], None] | None = None,
     ) -> None:
-        """``on_clipboard(text)`` sees each pasted text before the sink; ``on_resize(w, h)`` each viewport size."""
+        """``on_clipboard(text)`` sees each pasted text before the sink; ``on_resize(w, h)`` each viewport size;
+        ``on_viewer_stats(glass_ms)`` the glass-to-glass samples of each ``vs``."""
         self._sink = sink
         self._clock_ms = clock_ms
         self._on_clipboard = on_clipboard
         self._on_resize = on_resize
+        self._on_viewer_stats = on_viewer_stats
         self.counters = InputCounters()
         self.last_input_ms: int | None = None
 
@@ -99,6 +103,10 @@ class InputRouter:
         if isinstance(result, Resize):
             if self._on_resize is not None:  # counted; the runtime decides what size it sets
                 self._call(self._on_resize, result.width, result.height)
+            return
+        if isinstance(result, ViewerStats):
+            if self._on_viewer_stats is not None:  # counted; the session's histogram judges each value
+                self._call(self._on_viewer_stats, result.glass_ms)
             return
         if isinstance(result, ProbeAck):
             return  # counted; probe answers belong on the probe channel (streamer.media.peer), not activity

@@ -29,7 +29,9 @@ Events (``on_event(name, info)``, delivered in order from one task):
 - ``"disconnected"``: that viewer went away (bye, peer_left, failed/closed,
   or replaced by a new offer) and the session keeps running;
 - ``"signal"``: ``{"msg": {...}}``, a signaling message for the viewer that answers nothing it
-  sent (today: an ``error`` ``ice_failed``/``dtls_failed`` when its connection failed);
+  sent (today: an ``error`` ``ice_failed``/``dtls_failed`` when its connection failed); with
+  ``"start_failure": code`` the first time a connection fails before any viewer of the session
+  connected (the node counts it as the session's start failure);
 - ``"ended"``: the runtime ended *by itself* (the app exited, the frame
   pipeline failed); it also stops itself.  ``stop()`` called by the owner
   emits nothing, and no event is emitted once stopping has begun.
@@ -104,6 +106,7 @@ from streamer.desktop.inputsink import GameSource, InputRouter, XInputSink, wall
 from streamer.desktop.pcm import PcmFramer
 from streamer.desktop.sessionuser import SessionUser
 from streamer.media.audiotrack import PcmAudioTrack
+from streamer.media.glass import GlassHistogram
 from streamer.media.peer import (
     EARLY_CANDIDATES_MAX,
     OfferError,
@@ -410,6 +413,8 @@ class SessionRuntime:
         self._encoder_open_errors = 0  # encoders that failed to open for a new rung or codec
         self._first_offer_ms: float | None = None  # monotonic ms the first viewer's offer was answered
         self._first_frame_ms: float | None = None  # that offer -> the viewer's first decoded frame, ms
+        self._glass = GlassHistogram()  # glass-to-glass samples the viewers sent ("vs"), every viewer's
+        self._start_failure_sent = False  # a failed first connection was reported as the start failure
         self._stall_keyframe_s: float | None = None  # monotonic seconds of the last one
         self._playout: playout_policy.PlayoutDecision | None = None  # the current viewer's, once decided
         # Telemetry of every control step (all viewers of the session): the newest records and
@@ -557,6 +562,9 @@ class SessionRuntime:
             "encoder_errors": self._encoder_open_errors,  # frames the encoder raised on + encoders that failed to open
             # the first offer answered -> the first frame a viewer decoded (probe answers' "fd"), ms; None: unknown
             "first_frame_ms": self._first_frame(),
+            # the viewers' glass-to-glass samples (streamer.media.glass's wire form); None before the first
+            "glass_to_glass_ms": self._glass.snapshot(),
+            "glass_samples_ignored": self._glass.ignored,
             # NACKed packets of the current viewer: retransmitted, skipped as repeated within an RTT
             # or over the retransmission budget (streamer.media.rtx)
             "retransmits": asdict(self._peer.retransmits) if self._peer is not None else None,
@@ -672,7 +680,8 @@ class SessionRuntime:
             if app:
                 self._spawn(self._watch_app(self._display))
         self._router = InputRouter(self._sink, on_resize=self._resize_requested,
-                                   on_clipboard=self._clipboard.from_viewer if self._clipboard else None)
+                                   on_clipboard=self._clipboard.from_viewer if self._clipboard else None,
+                                   on_viewer_stats=self._viewer_stats)
         self._probes = await probe_all_async(SENDABLE_BACKENDS, gpu=self._encoder_gpu())
         selection = choose_backend(
             self._probes,
@@ -915,7 +924,15 @@ class SessionRuntime:
         else:
             msg = _error("ice_failed", "the connection failed (no failed ICE or DTLS transport found)")
         log.warning("session %s: viewer connection failed: %s: %s", self.spec.id, msg["code"], msg["detail"])
-        self._emit("signal", {"msg": msg})
+        info: dict[str, Any] = {"msg": msg}
+        if self._viewers == 0 and not self._start_failure_sent:  # no viewer ever connected: the start failed
+            self._start_failure_sent = True
+            info["start_failure"] = msg["code"]
+        self._emit("signal", info)
+
+    def _viewer_stats(self, glass_ms: tuple[float, ...]) -> None:
+        """A ``vs`` message: its glass-to-glass samples go into the session's histogram (bad ones ignored)."""
+        self._glass.observe(glass_ms, time.monotonic() * 1000.0)
 
     async def _peer_lost(self, peer: ViewerPeer, state: str) -> None:
         async with self._signal_lock:

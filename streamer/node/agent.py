@@ -3,7 +3,9 @@
 Talks to the broker only (REST + one WebSocket):
 - ``POST /api/v1/hosts`` registers the host's GPUs (NVML or declared);
 - ``PUT /api/v1/hosts/{id}/heartbeat`` every ``heartbeat_interval_s`` renews
-  the lease and reports GPU telemetry and per-session stream stats; the reply
+  the lease and reports GPU telemetry, per-session stream stats and the node's own
+  counts (freezes, encoder errors, session starts and start failures by reason:
+  ``streamer.node.starts``; its viewers' glass-to-glass histogram: ``streamer.media.glass``); the reply
   lists sessions to start (assigned but not running here: reliable delivery
   even if a pub/sub command was missed) and to stop (ended by the broker);
 - ``GET /api/v1/hosts/{id}/commands`` (WebSocket) pushes start/stop/warn and
@@ -52,12 +54,14 @@ from rbcommon.udpports import PortRange
 from streamer.desktop import sessionuser
 from streamer.desktop.audio import AUDIO_TMP_PREFIX
 from streamer.desktop.display import DISPLAY_TMP_PREFIX
+from streamer.media.glass import merge_snapshots
 from streamer.media.session import RuntimeConfig, SessionRefused, SessionRuntime, SessionSpec
 from streamer.node.gpus import GpuInfo, GpuTelemetry
 from streamer.node.health import NodeHealth
 from streamer.node.inventory import take_inventory
 from streamer.node.selftest import SelftestConfig, SelftestReport, SelftestRunner
 from streamer.node.settings import NodeSettings
+from streamer.node.starts import StartCounts, start_failure_reason
 from streamer.node.watchdog import Limits
 
 log = logging.getLogger(__name__)
@@ -144,7 +148,8 @@ class NodeAgent:
         # the stream self-test, on idle capacity only: no session live or starting
         self.selftest = SelftestRunner(
             SelftestConfig(encoder_preference=settings.encoder,
-                           advertise_addresses=tuple(settings.advertise_addresses) or ("127.0.0.1",)),
+                           advertise_addresses=tuple(settings.advertise_addresses) or ("127.0.0.1",),
+                           source=settings.selftest_source, capture_backend=settings.capture),
             settings.selftest_interval_s,
             idle=lambda: not self.sessions and not self._starting and not self._shutting_down,
             on_result=self._selftest_result)
@@ -154,6 +159,10 @@ class NodeAgent:
         # (the heartbeat's *_total add the live sessions' counts: node-cumulative counters, reset only by a
         # node restart)
         self._ended_counts = {"freezes": 0, "encoder_errors": 0}
+        # the same for the viewers' glass-to-glass histogram (streamer.media.glass), and starts / start
+        # failures by reason (streamer.node.starts): node-cumulative, in every heartbeat
+        self._ended_glass: dict[str, Any] | None = None
+        self.starts = StartCounts()
 
     # ---- plumbing ------------------------------------------------------------------------
     @property
@@ -386,8 +395,10 @@ class NodeAgent:
 
     async def heartbeat(self) -> None:
         sessions: list[dict[str, Any]] = []
+        glass = [self._ended_glass]
         for sid, rt in self.sessions.items():
             st = rt.stats()
+            glass.append(st.get("glass_to_glass_ms"))
             entry = {
                 "id": sid,
                 "state": "running" if st.get("connected") else "disconnected",
@@ -418,7 +429,12 @@ class NodeAgent:
         body: dict[str, Any] = {"gpus": gpus, "sessions": sessions}
         for k, ended in self._ended_counts.items():  # the node's counters: sessions gone + live ones
             body[f"{k}_total"] = ended + sum(int(e.get(k) or 0) for e in sessions)
+        body.update(self.starts.heartbeat_fields())
+        if (histogram := merge_snapshots(glass)) is not None:
+            body["glass_to_glass_ms"] = histogram
         await self._watch(gpus, int(body["encoder_errors_total"]))
+        if (watchdog := self.health.heartbeat_report()) is not None:
+            body["watchdog"] = watchdog
         async with self.http.put(self._url(f"/hosts/{self.host_id}/heartbeat"), json=body,
                                  headers=self._auth()) as r:
             data = await r.json()
@@ -433,6 +449,8 @@ class NodeAgent:
             if r.status != 200:
                 raise RuntimeError(f"heartbeat refused: {r.status} {data}")
         self._take_credential(data)
+        if not self._shutting_down:  # (a node shutting down asks for no drain: nothing to compare)
+            self.health.host_state(data.get("host_state"))
         for cmd in data.get("start", []):
             self._start_session(cmd["session"])
         for sid in data.get("stop", []):
@@ -471,6 +489,9 @@ class NodeAgent:
 
     async def _on_command(self, ws: aiohttp.ClientWebSocketResponse, cmd: dict[str, Any]) -> None:
         kind = cmd.get("cmd")
+        if kind in (NodeCommand.START, NodeCommand.STOP, NodeCommand.WARN):  # not signal: one per ICE candidate
+            sid = cmd["session"]["id"] if kind == NodeCommand.START else cmd.get("session_id")
+            log.info("command socket: %s %s%s", kind, sid, " (bind)" if cmd.get("bind") else "")
         if kind == NodeCommand.START:
             self._start_session(cmd["session"])
         elif kind == NodeCommand.STOP:
@@ -553,15 +574,18 @@ class NodeAgent:
                     await asyncio.wait_for(bound.wait(), STAGED_START_DELAY_S)
                 self._bound.pop(sid, None)
                 t0 = time.monotonic()
+            self.starts.started()
             spec = self._spec(s)  # a malformed command fails this session's start, reported like any other
             rt = SessionRuntime(spec, self.runtime_config,
                                 on_event=lambda ev, info: self._on_runtime_event(sid, ev, info))
             await rt.start()
         except Exception as exc:  # task boundary: the session fails, the node lives on
+            reason = start_failure_reason(exc)
+            self.starts.failed(reason)
             if isinstance(exc, SessionRefused):
                 log.error("session %s refused: %s", sid, exc)  # an operator's setting, not a crash
             else:
-                log.exception("session %s failed to start", sid)
+                log.exception("session %s failed to start (%s)", sid, reason.value)
             await self._report(sid, "ended", "start_failed")
             self.health.session_failures += 1
             del self._starting[sid]
@@ -596,6 +620,8 @@ class NodeAgent:
         elif event == "disconnected":
             await self._report(sid, "disconnected")
         elif event == "signal":  # a message for the viewer that answers nothing it sent (ice_failed, dtls_failed)
+            if info.get("start_failure"):  # the session's first viewer connection failed: its start did
+                self.starts.connection_failed(info["start_failure"])
             ws = self._commands
             if ws is None or ws.closed:
                 log.info("session %s: no command socket, signaling message not sent: %s", sid, info.get("msg"))
@@ -619,6 +645,7 @@ class NodeAgent:
             st = rt.stats()
             for k in self._ended_counts:
                 self._ended_counts[k] += int(st.get(k) or 0)
+            self._ended_glass = merge_snapshots([self._ended_glass, st.get("glass_to_glass_ms")])
             await rt.stop(why)
             log.info("session %s stopped: %s", sid, why)
         self._session_gone.set()

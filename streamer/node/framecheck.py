@@ -6,6 +6,7 @@ Job (pure; the effectful runner is ``streamer.node.selftest``):
   (``encoder.pattern.moving_pattern``: gradients, a sliding checkerboard, fine stripes) with the
   built-in game's stamp strip (``streamer.desktop.game``: frame number, render time, CRC) drawn over
   its top rows.  Deterministic: the checker rebuilds the exact source of any frame from its stamp.
+- ``source_picture``: that picture as a self-test source shows it, after an injected fault (``Mangle``).
 - ``FrameTally``: fed every decoded frame (its luma plane) with whether the viewer side had to
   abandon stream data since the last keyframe (``refs_lost``), it reads the stamp, rebuilds the
   source, compares luma by PSNR and files the frame as
@@ -24,6 +25,7 @@ Pure: no clock (times are inputs), no I/O.  Not thread-safe: one owner (the runn
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -38,6 +40,7 @@ from streamer.desktop.game import read_stamp, stamp_bits, stamp_cell_maps, stamp
 # median 32 dB; the pattern against its own previous (or 30th previous) frame: 15.4 (13.5) dB.
 PSNR_FLOOR_DB: Final = 22.0
 Luma = npt.NDArray[np.uint8]
+Mangle = Callable[[int, npt.NDArray[np.uint8]], npt.NDArray[np.uint8]]  # (frame number, BGRA) -> BGRA: a fault
 
 
 def stamped_pattern(width: int, height: int, frame_no: int, ts_ms: int) -> npt.NDArray[np.uint8]:
@@ -47,6 +50,14 @@ def stamped_pattern(width: int, height: int, frame_no: int, ts_ms: int) -> npt.N
     strip = stamp_bits(frame_no, ts_ms)[rows][:, cols]
     out[: stamp_height(width), :, :3] = strip[..., None]
     return out
+
+
+def source_picture(width: int, height: int, frame_no: int, ts_ms: int,
+                   mangle: Mangle | None = None) -> npt.NDArray[np.uint8]:
+    """What a self-test source shows as frame ``frame_no``: ``stamped_pattern``, then ``mangle`` (a fault
+    that tests and drills inject after the stamp is drawn) when one is given."""
+    image = stamped_pattern(width, height, frame_no, ts_ms)
+    return image if mangle is None else mangle(frame_no, image)
 
 
 def luma(bgra: npt.NDArray[np.uint8]) -> Luma:

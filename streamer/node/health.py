@@ -4,6 +4,10 @@ Job: the thin effectful side of ``streamer.node.watchdog`` (which is pure).  ``N
 - measures how late the node's event loop runs a 100 ms timer (``run_lag_monitor``, a task),
 - feeds the watchdog one ``Sample`` per heartbeat (``step``) and returns its decision for the agent
   to apply (drain/undrain through the broker), logging the reason,
+- reports the watchdog's state in each heartbeat (``heartbeat_report``: the checks tripped, whether it
+  holds the drain for an operator) and hears the host's state back (``host_state``): a host the
+  watchdog drained that the broker says is up was undrained by an operator (or the drain request
+  never landed), so the watchdog starts afresh (``watchdog.released``) and drains again if still sick,
 - serves ``GET /healthz`` on ``NODE_HEALTH_PORT`` for Kubernetes probes: 200 while the node is
   registered and heartbeats reach the broker, 503 otherwise, with the watchdog's state as JSON.
 
@@ -23,7 +27,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from streamer.node.watchdog import Decision, Limits, Sample, WatchdogState, decide
+from streamer.node.watchdog import Decision, Limits, Sample, WatchdogState, decide, released
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +78,21 @@ class NodeHealth:
             log.warning("watchdog: %s: %s", decision.action, decision.reason)
         return decision
 
+    def heartbeat_report(self) -> dict[str, Any] | None:
+        """The heartbeat's ``watchdog`` field (None while the watchdog is off)."""
+        if not self.enabled:
+            return None
+        return {"tripped": sorted(self.state.tripped), "held": self.state.held}
+
+    def host_state(self, state: str | None) -> None:
+        """The broker's word on this host's state (a heartbeat reply): up while the watchdog holds it drained
+        means an operator undrained it, or the drain never reached the broker."""
+        if state == "up" and self.state.drained:
+            log.warning("watchdog: the broker has this host up while the watchdog drained it (%s): an operator "
+                        "undrained it or the drain was lost; the watchdog starts afresh",
+                        ", ".join(sorted(self.state.tripped)) or "no check")
+            self.state = released(self.state)
+
     def beat(self, ok: bool) -> None:
         self.heartbeat = HeartbeatStatus(ok, int(time.time() * 1000))
 
@@ -84,7 +103,7 @@ class NodeHealth:
             "heartbeat_at_ms": self.heartbeat.at_ms,
             "watchdog": {"enabled": self.enabled, "drained": self.state.drained, "held": self.state.held,
                          "last_action": self.last_decision.action, "last_reason": self.last_decision.reason,
-                         "trips": len(self.state.trips_ms)},
+                         "trips": len(self.state.trips_ms), "tripped": sorted(self.state.tripped)},
             "selftest": self.selftest,
         }
 

@@ -2,7 +2,12 @@
 
 Job: ``run_selftest(config)`` runs one self-test in this process, through the code sessions use:
 
-  ``StampedSource`` (a ``FrameSource``: the stamped pattern of ``streamer.node.framecheck``)
+  a frame source, by ``config.source`` (``streamer.node.xpattern.choose_source``; ``auto`` = ``x11`` where
+  Xvfb and a capture backend are present, else ``pattern``):
+    * ``x11``: the stamped pattern of ``streamer.node.framecheck`` painted into a private Xvfb and grabbed
+      by the capture sessions use (``open_capture``: x11grab or mss, ``config.capture_backend``), see
+      ``streamer.node.xpattern``; grabs before the first painted stamp are skipped and counted;
+    * ``pattern``: ``StampedSource``, the stamped pattern handed to the encoder with no capture;
   -> ``FramePipeline`` (the frame thread) -> ``VideoEncoder`` (the backend ``choose_backend`` picks
   from this host's probes, as a session's would: NVENC on a GPU with one, else software)
   -> ``EncodedVideoTrack`` -> ``ViewerPeer`` (aiortc packetizer, NACK retransmissions through the
@@ -29,8 +34,9 @@ capacity) it runs one and records the outcome for the watchdog (``NodeHealth.sel
 which drains the host on a failure and undrains after a passing run and its healthy hold.
 
 Concurrency model: the event loop owns the peers and the tally; the frame thread encodes; the
-receiver decodes in aiortc's thread.  Invariants: nothing outlives ``run_selftest`` (pipeline
-thread joined, both peer connections closed), also on a failure or cancellation; the runner
+receiver decodes in aiortc's thread; for ``x11`` the frame thread also paints (lockstep with the grab).
+Invariants: nothing outlives ``run_selftest`` (pipeline thread joined, both peer connections closed; for
+``x11`` the capture, the painter's X connection and the Xvfb closed), also on a failure or cancellation; the runner
 never overlaps two runs and never starts one while a session is live.  Private aiortc seams used
 (like ``tests/streamer/viewer.py``): the receiver's ``_handle_rtp_packet`` and its jitter buffer's
 ``remove``/``smart_remove`` (to know when the receiver gave data up).
@@ -41,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
@@ -57,20 +64,21 @@ from aiortc.utils import uint16_add
 from encoder import AIORTC_VIDEO_CODECS, EncoderConfig, VideoEncoder, probe_all_async
 from rbcommon.ice import advertise_host_addresses
 from streamer.abr.control import SENDABLE_BACKENDS, choose_backend
-from streamer.desktop.capture import CaptureStats, bgra_frame
+from streamer.desktop.capture import CaptureStats, FrameSource, bgra_frame
 from streamer.desktop.inputs import InputEvent
 from streamer.desktop.inputsink import InputRouter
 from streamer.media.peer import PeerSettings, ViewerPeer
 from streamer.media.track import EncodedVideoTrack, FramePipeline
-from streamer.node.framecheck import PSNR_FLOOR_DB, FrameTally, stamped_pattern
+from streamer.node.framecheck import PSNR_FLOOR_DB, FrameTally, Mangle, source_picture
+from streamer.node.xpattern import CAPTURE_BACKENDS, SOURCES, capture_backends, choose_source, x11_source
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S: Final = 15.0  # ICE + DTLS over loopback take well under a second
 HOLE_TIMEOUT_MS: Final = 500  # the local decoder gives up a hole NACKs did not fill after this (then PLI)
 US: Final = Fraction(1, 1_000_000)
-Mangle = Callable[[int, npt.NDArray[np.uint8]], npt.NDArray[np.uint8]]  # (frame number, BGRA) -> BGRA
 EncoderWrap = Callable[[VideoEncoder], VideoEncoder]
+SourceWrap = Callable[[FrameSource], FrameSource]  # tests, drills: alter frames after the capture
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,16 @@ class SelftestConfig:
     advertise_addresses: tuple[str, ...] = ("127.0.0.1",)
     recover_within_ms: int = 5_000
     min_frames_ratio: float = 0.8  # frames checked good / frames sent before the loss window, at least
+    source: str = "auto"  # auto | x11 | pattern (see the module docstring)
+    capture_backend: str = "auto"  # the x11 source's capture, as NODE_CAPTURE: auto | x11grab | mss
+    xvfb: str = "Xvfb"  # the x11 source's X server (executable name or path)
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"selftest source must be one of {', '.join(SOURCES)}, got {self.source!r}")
+        if self.capture_backend not in CAPTURE_BACKENDS:
+            raise ValueError(f"capture backend must be one of {', '.join(CAPTURE_BACKENDS)}, "
+                             f"got {self.capture_backend!r}")
 
 
 @dataclass(frozen=True)
@@ -112,6 +130,10 @@ class SelftestReport:
     keyframe_requests: int  # PLI/FIR the node received
     recovered_ms: float | None  # loss window end -> first good frame rendered after it; None: none
     seconds: float  # the run's wall time
+    source: str  # x11 | pattern
+    source_reason: str  # why that source (auto's probe, or asked for)
+    capture: str  # the capture backend that grabbed the frames (x11grab, mss), or selftest-pattern: none
+    stale_frames_skipped: int  # x11: grabs before the capture showed the first painted stamp (not checked)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -132,10 +154,7 @@ class StampedSource:
 
     def grab(self) -> av.VideoFrame:
         now_us = time.time_ns() // 1000
-        image = stamped_pattern(self.width, self.height, self.frames, now_us // 1000)
-        if self._mangle is not None:
-            image = self._mangle(self.frames, image)
-        frame = bgra_frame(image)
+        frame = bgra_frame(source_picture(self.width, self.height, self.frames, now_us // 1000, self._mangle))
         frame.pts, frame.time_base = now_us, US
         self.frames += 1
         return frame
@@ -266,20 +285,53 @@ class LossyReceiver:
                 await self._reader
 
 
+@dataclass(frozen=True)
+class _SourceInfo:
+    source: str
+    reason: str
+    capture: str
+    stale_skipped: int
+
+
 async def run_selftest(config: SelftestConfig = SelftestConfig(), *, mangle: Mangle | None = None,
-                       wrap_encoder: EncoderWrap | None = None) -> SelftestReport:
+                       wrap_encoder: EncoderWrap | None = None, wrap_source: SourceWrap | None = None
+                       ) -> SelftestReport:
     """One self-test (see the module docstring).  Raises only for a setup the host cannot do (no encoder,
-    no loopback connection); a stream that arrives wrong is a report with ``ok`` False."""
+    no Xvfb for ``source="x11"``, a display or capture that does not open or never shows the painted
+    picture, no loopback connection); a stream that arrives wrong is a report with ``ok`` False.
+
+    ``mangle`` alters each picture after its stamp is drawn (before painting, for ``x11``); ``wrap_source``
+    wraps the frame source (to alter frames after the capture); ``wrap_encoder`` wraps the encoder."""
     started = time.monotonic()
+    choice = choose_source(config.source, shutil.which(config.xvfb), capture_backends(), config.capture_backend)
+    async with contextlib.AsyncExitStack() as stack:
+        if choice.source == "x11":
+            painted = await stack.enter_async_context(x11_source(
+                config.width, config.height, capture_backend=config.capture_backend, xvfb=config.xvfb,
+                mangle=mangle))
+            source: FrameSource = painted
+            info = _SourceInfo("x11", choice.reason, painted.backend, painted.stale_skipped)
+        else:
+            source = StampedSource(config.width, config.height, mangle)
+            info = _SourceInfo("pattern", choice.reason, source.backend, 0)
+        if wrap_source is not None:
+            source = wrap_source(source)
+        return await _stream(config, source, info, started, wrap_encoder)
+
+
+async def _stream(config: SelftestConfig, source: FrameSource, info: _SourceInfo, started: float,
+                  wrap_encoder: EncoderWrap | None) -> SelftestReport:
+    """Stream ``source`` through encoder, packetizer and loss to the local decoder; check every frame."""
     probes = await probe_all_async(SENDABLE_BACKENDS, gpu=config.gpu)
     selection = choose_backend(probes, encoder_preference=config.encoder_preference, codec_preference="auto",
                                peer_codecs=AIORTC_VIDEO_CODECS)
     backend = selection.backend
+    source_format = "bgr0" if source.backend == "x11grab" else "bgra"  # as SessionRuntime opens its encoder
     encoder = await asyncio.to_thread(VideoEncoder, backend, EncoderConfig(
-        config.width, config.height, float(config.fps), config.bitrate_bps, source_format="bgra", gpu=config.gpu))
+        config.width, config.height, float(config.fps), config.bitrate_bps, source_format=source_format,
+        gpu=config.gpu))
     if wrap_encoder is not None:
         encoder = wrap_encoder(encoder)
-    source = StampedSource(config.width, config.height, mangle)
     failed: list[BaseException] = []
     gave_up = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -348,7 +400,7 @@ async def run_selftest(config: SelftestConfig = SelftestConfig(), *, mangle: Man
     counts = _Counts(stats.frames, sent_before_loss, receiver.dropped, rtx.sent, rtx.repeated + rtx.over_budget,
                      keyframe_requests, stats.encode_errors)
     return _report(config, tally, counts, stats.encoder, backend.webrtc_codec, loss_start_ms, loss_end_ms,
-                   time.monotonic() - started, failed)
+                   time.monotonic() - started, failed, info)
 
 
 @dataclass(frozen=True)
@@ -364,7 +416,7 @@ class _Counts:
 
 def _report(cfg: SelftestConfig, tally: FrameTally, n: _Counts, encoder: str, codec: str,
             loss_start_ms: float | None, loss_end_ms: float | None, seconds: float,
-            failed: list[BaseException]) -> SelftestReport:
+            failed: list[BaseException], info: _SourceInfo) -> SelftestReport:
     recovered = None if loss_end_ms is None or tally.recovered_at_ms is None \
         else round(tally.recovered_at_ms - loss_end_ms, 1)
     unexplained = tally.unexplained_missing(loss_start_ms, tally.recovered_at_ms)
@@ -387,7 +439,8 @@ def _report(cfg: SelftestConfig, tally: FrameTally, n: _Counts, encoder: str, co
         frames_checked=tally.checked, corrupt_frames=tally.corrupt, recovering_frames=tally.recovering,
         missing_frames=len(tally.missing()), unexplained_missing=unexplained, psnr_min_db=lo, psnr_p50_db=mid,
         packets_dropped=n.dropped, retransmitted=n.retransmitted, keyframe_requests=n.keyframe_requests,
-        recovered_ms=recovered, seconds=round(seconds, 2))
+        recovered_ms=recovered, seconds=round(seconds, 2), source=info.source, source_reason=info.reason,
+        capture=info.capture, stale_frames_skipped=info.stale_skipped)
 
 
 class SelftestRunner:
@@ -404,6 +457,7 @@ class SelftestRunner:
         # fault injection (tests, drills): alter the pattern after its stamp, or wrap the encoder
         self.mangle: Mangle | None = None
         self.wrap_encoder: EncoderWrap | None = None
+        self.wrap_source: SourceWrap | None = None
 
     async def run_once(self) -> SelftestReport | None:
         """One self-test now if the node is idle (None when it is not); a setup error is a failed run."""
@@ -411,7 +465,8 @@ class SelftestRunner:
             return None
         self.runs += 1
         try:
-            report = await run_selftest(self.config, mangle=self.mangle, wrap_encoder=self.wrap_encoder)
+            report = await run_selftest(self.config, mangle=self.mangle, wrap_encoder=self.wrap_encoder,
+                                        wrap_source=self.wrap_source)
             error = ""
         except asyncio.CancelledError:
             raise
@@ -422,8 +477,9 @@ class SelftestRunner:
         why = error or (report.reason if report is not None and not report.ok else "")
         if report is not None:
             log.log(logging.INFO if report.ok else logging.WARNING,
-                    "selftest %s: %d frames checked, %d corrupt, %d recovering, recovered after loss in %s ms%s",
-                    "passed" if report.ok else "FAILED", report.frames_checked, report.corrupt_frames,
+                    "selftest %s (%s source): %d frames checked, %d corrupt, %d recovering, recovered after loss "
+                    "in %s ms%s", "passed" if report.ok else "FAILED", report.source, report.frames_checked,
+                    report.corrupt_frames,
                     report.recovering_frames, report.recovered_ms, f": {why}" if why else "")
         result = self.on_result(report, why)
         if result is not None:
@@ -441,6 +497,8 @@ def format_report(r: SelftestReport) -> str:
     """The figures an operator reads (``render-node selftest``)."""
     lines = [
         f"selftest: {'PASSED' if r.ok else 'FAILED'} ({r.encoder}, {r.codec}, {r.seconds:g} s)",
+        f"  source {r.source}" + (f" ({r.capture} capture; {r.stale_frames_skipped} grab(s) before the first "
+                                  "painted frame skipped)" if r.source == "x11" else "") + f": {r.source_reason}",
         f"  frames sent {r.frames_sent}, checked good {r.frames_checked}, corrupt {r.corrupt_frames} (goal 0); "
         f"encoder errors {r.encoder_errors}",
         f"  loss window: {r.packets_dropped} RTP packets dropped; {r.retransmitted} retransmitted on NACK, "
@@ -462,19 +520,26 @@ def main(argv: list[str] | None = None) -> int:
 
     d = SelftestConfig()
     parser = argparse.ArgumentParser(prog="render-node selftest",
-                                     description="Stream a stamped pattern through this host's encoder and WebRTC "
-                                                 "path to a local decoder over loopback, with a window of dropped "
-                                                 "RTP packets, and check every decoded frame (stamp and PSNR).")
+                                     description="Paint a stamped pattern into a private Xvfb, grab it with the "
+                                                 "sessions' capture, stream it through this host's encoder and "
+                                                 "WebRTC path to a local decoder over loopback, with a window of "
+                                                 "dropped RTP packets, and check every decoded frame (stamp and "
+                                                 "PSNR).")
     parser.add_argument("--seconds", type=float, default=d.seconds, help="streaming time [%(default)s]")
     parser.add_argument("--loss-ms", type=int, default=d.loss_ms, help="RTP dropped for this long; 0 = none "
                                                                         "[%(default)s]")
     parser.add_argument("--encoder", default=d.encoder_preference, help="as NODE_ENCODER [%(default)s]")
     parser.add_argument("--gpu", type=int, default=None, help="the GPU whose encoder to test")
     parser.add_argument("--advertise", default="127.0.0.1", help="loopback address to connect over [%(default)s]")
+    parser.add_argument("--source", choices=SOURCES, default=d.source,
+                        help="x11: painted into a private Xvfb and captured; pattern: fed straight to the encoder; "
+                             "auto: x11 where Xvfb and a capture backend are present [%(default)s]")
+    parser.add_argument("--capture", choices=CAPTURE_BACKENDS, default=d.capture_backend,
+                        help="the x11 source's capture, as NODE_CAPTURE [%(default)s]")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     ns = parser.parse_args(argv)
     config = SelftestConfig(seconds=ns.seconds, loss_ms=ns.loss_ms, encoder_preference=ns.encoder, gpu=ns.gpu,
-                            advertise_addresses=(ns.advertise,))
+                            advertise_addresses=(ns.advertise,), source=ns.source, capture_backend=ns.capture)
     try:
         report = asyncio.run(run_selftest(config))
     except Exception as exc:  # the host cannot stream at all: say so in one line

@@ -19,8 +19,10 @@ SUBCOMMANDS = """subcommands:
   render-node encoders [--json]   probe this machine's encoders (really encodes a few frames each)
   render-node doctor [--require-gpu] [--require-gl] [--require-nvenc] [--json]
                                   what this host will do: GPUs, GL renderer, encoders and seats per GPU
-  render-node selftest [--json] [--seconds S] [--loss-ms MS] [--encoder E] [--gpu N]
-                                  stream a stamped pattern to a local decoder, check every frame; exit 1 on a failure
+  render-node selftest [--json] [--source auto|x11|pattern] [--capture B] [--seconds S] [--loss-ms MS]
+                       [--encoder E] [--gpu N]
+                                  paint a stamped pattern into a private Xvfb, capture, stream it to a local
+                                  decoder, check every frame; exit 1 on a failure
   render-node [settings]          run the agent: register this host's GPUs and run the sessions the broker assigns
 """
 
@@ -78,6 +80,9 @@ class NodeSettings:
                                              "session, stream a stamped pattern through the encoder and WebRTC "
                                              "path to a local decoder and check every frame (with a loss window); "
                                              "a failure drains the host through the watchdog. 0 = off")
+    selftest_source: str = opt("auto", "Stream self-test's frames: x11 (painted into a private Xvfb and grabbed "
+                                       "with NODE_CAPTURE, as sessions are), pattern (fed straight to the "
+                                       "encoder), auto (x11 where Xvfb and a capture backend are present)")
     health_host: str = opt("0.0.0.0", "Address of the node's /healthz endpoint")
     health_port: int = opt(0, "TCP port of the node's /healthz endpoint (Kubernetes probes); 0 = off")
     version: str = opt("", "Build/version this node reports at registration (an image tag, a build id); the "

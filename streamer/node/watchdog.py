@@ -24,6 +24,9 @@ Rules (each a ``reason`` code in the decision):
 A sick sample while healthy -> ``drain`` (a trip).  A drained host undrains after ``healthy_hold_ms``
 of healthy samples, unless it tripped ``max_trips`` times within ``trip_window_ms``: then it stays
 drained for an operator (``hold_for_operator``), because flapping hurts users more than a lost host.
+``WatchdogState.tripped`` names the checks (``broker.protocol.WatchdogCheck``) that failed since the
+watchdog drained the host (empty while it has not); the node reports them, and ``held``, in each
+heartbeat.  ``released`` is the state after an operator undrained the host the watchdog held drained.
 
 Invariants: only a host this watchdog drained is undrained by it; decisions carry the measured
 figure in their reason; state is a frozen value (replayable in tests).
@@ -34,6 +37,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
+
+from broker.protocol import WatchdogCheck
 
 Action = Literal["none", "drain", "undrain", "hold_for_operator"]
 # Throttle reasons that mean heat or power trouble (streamer.node.gpus.THROTTLE_REASONS names);
@@ -79,6 +84,7 @@ class WatchdogState:
     sessions: int | None = None
     session_failures: int = 0
     encoder_errors: int = 0
+    tripped: frozenset[WatchdogCheck] = frozenset()  # checks failed since this watchdog drained the host
 
 
 @dataclass(frozen=True)
@@ -87,35 +93,40 @@ class Decision:
     reason: str  # "" for none; else "<code>: <what was measured>"
 
 
-def _problems(state: WatchdogState, s: Sample, now_ms: int, lim: Limits) -> tuple[list[str], dict[int, int]]:
-    out: list[str] = []
+Problem = tuple[WatchdogCheck, str]  # (check, what was measured)
+
+
+def _problems(state: WatchdogState, s: Sample, now_ms: int, lim: Limits) -> tuple[list[Problem], dict[int, int]]:
+    out: list[Problem] = []
     throttled: dict[int, int] = {}
     for g in s.gpus:
         i = int(g["index"])
         temp = g.get("temperature_c")
         if temp is not None and temp >= lim.max_temp_c:
-            out.append(f"gpu_hot: GPU {i} at {temp:g} C (limit {lim.max_temp_c:g} C)")
+            out.append((WatchdogCheck.GPU_HOT, f"GPU {i} at {temp:g} C (limit {lim.max_temp_c:g} C)"))
         sick = sorted(THROTTLE_SICK.intersection(g.get("throttle_reasons") or ()))
         if sick:
             since = state.throttled_since_ms.get(i, now_ms)
             throttled[i] = since
             if now_ms - since >= lim.throttle_hold_ms:
-                out.append(f"gpu_throttled: GPU {i} {','.join(sick)} for {(now_ms - since) / 1000:g} s")
+                out.append((WatchdogCheck.GPU_THROTTLED, f"GPU {i} {','.join(sick)} for {(now_ms - since) / 1000:g} s"))
         used, base = g.get("vram_used_mb"), state.vram_base_mb.get(i)
         if used is not None and base is not None and state.sessions == s.sessions \
                 and used - base >= lim.vram_growth_mb:
-            out.append(f"vram_leak: GPU {i} VRAM +{used - base:.0f} MiB with {s.sessions} session(s) unchanged")
+            out.append((WatchdogCheck.VRAM_LEAK,
+                        f"GPU {i} VRAM +{used - base:.0f} MiB with {s.sessions} session(s) unchanged"))
     failed = 0 if state.sessions is None else s.session_failures - state.session_failures  # first sample: baseline
     if failed >= lim.max_session_failures:
-        out.append(f"session_failures: {failed} session(s) failed to start or stream")
+        out.append((WatchdogCheck.SESSION_FAILURES, f"{failed} session(s) failed to start or stream"))
     errors = 0 if state.sessions is None else s.encoder_errors - state.encoder_errors  # first sample: baseline
     if errors >= lim.max_encoder_errors:
-        out.append(f"encoder_errors: {errors} encoder error(s) since the last heartbeat (limit "
-                   f"{lim.max_encoder_errors})")
+        out.append((WatchdogCheck.ENCODER_ERRORS, f"{errors} encoder error(s) since the last heartbeat (limit "
+                                                  f"{lim.max_encoder_errors})"))
     if s.selftest_failure:
-        out.append(f"selftest_failed: {s.selftest_failure}")
+        out.append((WatchdogCheck.SELFTEST_FAILED, s.selftest_failure))
     if s.loop_lag_ms >= lim.max_loop_lag_ms:
-        out.append(f"loop_lag: event loop {s.loop_lag_ms:.0f} ms late (limit {lim.max_loop_lag_ms:g} ms)")
+        out.append((WatchdogCheck.LOOP_LAG,
+                    f"event loop {s.loop_lag_ms:.0f} ms late (limit {lim.max_loop_lag_ms:g} ms)"))
     return out, throttled
 
 
@@ -134,11 +145,13 @@ def decide(state: WatchdogState, sample: Sample, now_ms: int, limits: Limits = L
     nxt = replace(state, throttled_since_ms=throttled, vram_base_mb=base, sessions=sample.sessions,
                   session_failures=sample.session_failures, encoder_errors=sample.encoder_errors)
     if problems:
+        checks = frozenset(check for check, _ in problems)
         nxt = replace(nxt, healthy_since_ms=None)
         if state.drained or state.held:
-            return Decision("none", ""), nxt
+            return Decision("none", ""), replace(nxt, tripped=state.tripped | checks)
         trips = (*(t for t in state.trips_ms if now_ms - t < limits.trip_window_ms), now_ms)
-        return Decision("drain", "; ".join(problems)), replace(nxt, drained=True, trips_ms=trips)
+        return (Decision("drain", "; ".join(f"{check}: {what}" for check, what in problems)),
+                replace(nxt, drained=True, trips_ms=trips, tripped=checks))
     if not state.drained or state.held:
         return Decision("none", ""), nxt
     since = state.healthy_since_ms if state.healthy_since_ms is not None else now_ms
@@ -151,4 +164,10 @@ def decide(state: WatchdogState, sample: Sample, now_ms: int, limits: Limits = L
                                               "min: stays drained until an operator undrains it"),
                 replace(nxt, held=True))
     return (Decision("undrain", f"healthy for {(now_ms - since) / 1000:g} s"),
-            replace(nxt, drained=False, healthy_since_ms=None))
+            replace(nxt, drained=False, healthy_since_ms=None, tripped=frozenset()))
+
+
+def released(state: WatchdogState) -> WatchdogState:
+    """The state once an operator undrained a host this watchdog had drained (held or not): nothing
+    tripped, no trips remembered, so the next sick sample drains it again; the baselines stay."""
+    return replace(state, drained=False, held=False, healthy_since_ms=None, trips_ms=(), tripped=frozenset())

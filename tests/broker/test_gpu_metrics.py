@@ -46,6 +46,8 @@ async def test_gpu_gauges_follow_registration_and_telemetry(api) -> None:
         'render_broker_gpu_software_encode{gpu="1",host="h0",pool="p1"} 1.0',
         f'render_broker_gpu_vram_total_bytes{{gpu="0",host="h0",pool="p1"}} {mib(23_034)}',
         f'render_broker_gpu_vram_total_bytes{{gpu="1",host="h0",pool="p1"}} {mib(143_771)}',
+        'render_broker_gpu_sessions{gpu="0",host="h0",pool="p1"} 0.0',  # the broker's seat counts
+        'render_broker_gpu_sessions{gpu="1",host="h0",pool="p1"} 0.0',
     }
 
     hb = await api.put("/api/v1/hosts/h0/heartbeat", headers=auth(NODE), json={"gpus": [
@@ -79,6 +81,8 @@ async def test_gpu_gauges_follow_registration_and_telemetry(api) -> None:
         f"render_broker_gpu_temperature_celsius{g1} 38.0",
         f"render_broker_gpu_power_watts{g1} 121.0",
         f"render_broker_gpu_software_encode{g1} 1.0",
+        f"render_broker_gpu_sessions{g0} 0.0",
+        f"render_broker_gpu_sessions{g1} 0.0",
     }
     # null fields are simply absent
     for name in ("encoder_utilization_percent", "encoder_sessions", "encoder_fps", "encoder_latency_seconds"):
@@ -96,6 +100,8 @@ async def test_gpu_gauges_follow_registration_and_telemetry(api) -> None:
         f"render_broker_gpu_software_encode{g1} 1.0",
         f"render_broker_gpu_vram_total_bytes{g0} {mib(23_034)}",
         f"render_broker_gpu_vram_total_bytes{g1} {mib(143_771)}",
+        f"render_broker_gpu_sessions{g0} 0.0",
+        f"render_broker_gpu_sessions{g1} 0.0",
     }
 
 

@@ -2,12 +2,14 @@
 
 Read as YAML (anchors and merge keys resolved, ``${VAR:-default}`` taken at its default) and
 checked against the settings the processes load; nothing is started (no Docker engine here).
-``docker compose config`` runs too where the compose plugin exists.
+The real Compose CLI (Debian's ``docker-compose`` 1.29, or the ``docker compose`` plugin) resolves
+the file too, and the tests that need it skip with the reason where neither is installed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import subprocess
@@ -176,11 +178,65 @@ def test_every_broker_and_node_variable_is_a_setting(services: dict[str, Any]) -
                 load_node_settings([], {key: value})
 
 
-@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker CLI")
-def test_docker_compose_config_accepts_it() -> None:
+def compose_cli() -> list[str]:
+    """The Compose CLI to validate with: Debian's ``docker-compose`` (1.29, scripts/packages/dev.txt), else the
+    ``docker compose`` plugin; skips with the reason where neither runs."""
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if shutil.which("docker") is None:
+        pytest.skip("neither docker-compose nor the docker CLI is installed (scripts/setup.sh installs docker-compose)")
     probe = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True, timeout=60)
     if probe.returncode != 0:
-        pytest.skip(f"no docker compose plugin: {probe.stderr.strip() or probe.stdout.strip()}")
-    r = subprocess.run(["docker", "compose", "-f", str(COMPOSE), "config", "--quiet"], capture_output=True,
-                       text=True, timeout=120)
+        pytest.skip(f"no docker-compose, and no docker compose plugin: {probe.stderr.strip() or probe.stdout.strip()}")
+    return ["docker", "compose"]
+
+
+def compose_config(path: Path, **variables: str) -> subprocess.CompletedProcess[str]:
+    """``config`` of ``path`` in an environment holding only ``variables`` (no .env beside a temp copy)."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root"), **variables}
+    return subprocess.run([*compose_cli(), "-f", str(path), "config"], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=path.parent)
+
+
+def test_docker_compose_resolves_the_file_into_the_whole_system() -> None:
+    """The real Compose CLI reads the file (anchors, merge keys, interpolation, depends_on conditions) the
+    way ``up`` would; every variable has a default, and the shared secrets reach both of their sides."""
+    r = compose_config(COMPOSE, TURN_SECRET="turn-from-env", BROKER_NODE_TOKEN="node-from-env")
     assert r.returncode == 0, r.stderr
+    assert "variable is not set" not in r.stderr, r.stderr
+    svc = yaml.safe_load(r.stdout)["services"]
+    assert set(svc) == {"broker-1", "broker-2", "redis-master", "redis-replica", "sentinel-1", "sentinel-2",
+                        "sentinel-3", "postgres", "coturn", "node", "node-gpu"}
+    for name, host_port in (("broker-1", 8080), ("broker-2", 8081)):
+        b = svc[name]
+        assert Path(b["build"]["context"]) == ROOT and b["build"]["dockerfile"] == "infra/docker/broker.Dockerfile"
+        assert [(p["published"], p["target"]) for p in b["ports"]] == [(host_port, 8080)]
+        assert b["environment"] == svc["broker-1"]["environment"]  # replicas differ only in their host port
+        assert b["depends_on"]["postgres"]["condition"] == "service_healthy"
+        assert b["environment"]["BROKER_REDIS_SENTINELS"].split(",") == [
+            f"sentinel-{i}:26379" for i in (1, 2, 3)]
+        assert b["environment"]["BROKER_TURN_SECRET"] == "turn-from-env"
+        assert b["environment"]["BROKER_NODE_TOKEN"] == "node-from-env"
+    assert "healthcheck" in svc["postgres"]
+    sentinel = svc["sentinel-1"]
+    assert "sentinel monitor render-broker redis-master 6379 2" in sentinel["command"][2]
+    assert svc["sentinel-2"] == sentinel == svc["sentinel-3"]
+    assert svc["redis-replica"]["command"][-4:-2] == ["redis-master", "6379"]
+    assert "--static-auth-secret=turn-from-env" in svc["coturn"]["command"]
+    for name in ("node", "node-gpu"):
+        n = svc[name]
+        assert n["build"]["dockerfile"] == "infra/docker/render-node.Dockerfile"
+        assert n["environment"]["NODE_NODE_TOKEN"] == "node-from-env"
+        assert n["depends_on"] == {"broker-1": {"condition": "service_healthy"}}
+    assert svc["node-gpu"]["profiles"] == ["gpu"]
+    assert svc["node-gpu"]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+
+
+def test_docker_compose_refuses_a_dependency_on_a_missing_service(tmp_path: Path) -> None:
+    """The CLI above does check: the same file with one misspelt dependency is refused, naming it."""
+    text = COMPOSE.read_text()
+    assert "depends_on: [redis-master]" in text
+    broken = tmp_path / "compose.yaml"
+    broken.write_text(text.replace("depends_on: [redis-master]", "depends_on: [redis-mastr]", 1))
+    r = compose_config(broken)
+    assert r.returncode != 0 and "redis-mastr" in r.stderr, r.stderr

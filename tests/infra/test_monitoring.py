@@ -90,7 +90,12 @@ async def test_every_metric_the_rules_and_dashboard_read_is_exported(api) -> Non
              "encoder_sessions": 1, "encoder_fps": 58.0, "encoder_latency_us": 900, "temperature_c": 60, "power_w": 40,
              "throttle_reasons": ["sw_power_cap"]}]
     hb = await api.put("/api/v1/hosts/h0/heartbeat", headers=auth(NODE), json={"gpus": gpus, "sessions": sessions,
-                                                                      "freezes_total": 4, "encoder_errors_total": 1})
+                                                                      "freezes_total": 4, "encoder_errors_total": 1,
+                                                                      "session_starts_total": 3,
+                                                                      "session_start_failures_total": {"encoder": 1},
+                                                                      "glass_to_glass_ms": {"le": [50.0, 150.0],
+                                                                                            "counts": [2, 1, 0],
+                                                                                            "sum": 160.0}})
     assert hb.status == 200, await hb.text()
     await api.get("/api/v1/pools")  # an HTTP request, so the request counter has a sample
     await api.get("/api/v1/nope")  # and an error response

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import sys
 import uuid
@@ -54,6 +55,18 @@ async def render_node(base: str, pool: str, log_path: Path) -> AsyncIterator[asy
         yield proc
     finally:
         await stop_process(proc)
+
+
+async def metric_when(http: aiohttp.ClientSession, base: str, name: str, timeout_s: float) -> float:
+    """The render node's sample of ``name`` on the broker's /metrics once it is above 0 (polled)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        async with http.get(f"{base}/metrics") as r:
+            m = re.search(rf'^{name}{{host="{HOST}",pool="\w+"}} (\S+)$', await r.text(), re.M)
+        if m and float(m.group(1)) > 0:
+            return float(m.group(1))
+        assert asyncio.get_running_loop().time() < deadline, f"{name} of {HOST} still 0 or absent"
+        await asyncio.sleep(0.5)
 
 
 async def wait_host(http: aiohttp.ClientSession, base: str, proc: asyncio.subprocess.Process) -> None:
@@ -176,6 +189,13 @@ async def test_game_stream_glass_to_glass_and_keys_move_player(broker: Proc, htt
                                      timeout=10_000)
         stats = await page.evaluate("window.renderBroker.stats()")
         assert 0 < stats["glassToGlassMs"] < 1000, stats
+        # the page reports its samples to the node ("vs", every 2 s) and the node's heartbeat (every 1 s)
+        # carries its histogram to the broker: browser -> data channel -> node -> heartbeat -> /metrics
+        glass = await metric_when(http, base, "render_broker_stream_glass_to_glass_seconds_count", 10.0)
+        assert glass > 0
+        metrics = await (await http.get(f"{base}/metrics")).text()
+        assert f'render_broker_session_starts_total{{host="{HOST}",pool="arena"}} 1.0' in metrics.splitlines()
+        assert not re.search(r"^render_broker_session_start_failures_total\{.*\} [1-9]", metrics, re.M), metrics
         # receive-side buffering (web/playout.js): the node answered the playout-delay extension and the
         # page's floor policy owns the receiver's jitterBufferTarget (0 unless this machine's load made
         # the jitter over 20 ms: it is the same machine as the node)

@@ -70,7 +70,7 @@ redis.call('SADD', k_live(), sid)
 count_session(pool, nil, 'queued')
 local out
 if host ~= nil then
-  bind(sid, pool, host, gpu, now)
+  bind(sid, pool, host, gpu, now, now)
   out = {'seated', sid, ''}
 else
   local pos = redis.call('RPUSH', qkey, sid)

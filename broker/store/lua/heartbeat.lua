@@ -7,7 +7,7 @@
 -- is older than the previous heartbeat's arrival: the node builds each heartbeat after the
 -- previous reply, so an older heartbeat (built before the node reported the session running)
 -- never ends it.
--- Returns {status, n_stop, stop ids..., n_ended, ended ids..., n_start, start records (6 fields each: id, user, pool, kind, gpu, profile)...};
+-- Returns {status, host state, n_stop, stop ids..., n_ended, ended ids..., n_start, start records (6 fields each: id, user, pool, kind, gpu, profile)...};
 -- status ok | unknown (the node must re-register) | retired (removed: the node must stop).
 local h, now, ttl, telemetry, n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
 if redis.call('EXISTS', k_retired(h)) == 1 then return {'retired'} end
@@ -67,7 +67,7 @@ if #ended > 0 and pool then pump(pool, now) end
 if pool and (num(redis.call('HGET', k_pool(pool), 'staged')) > 0 or redis.call('EXISTS', k_staged(pool)) == 1) then
   restage(pool, now)  -- a staged session that could not be placed before (no seat, a queue) is retried
 end
-local out = {'ok', #stop}
+local out = {'ok', f[1], #stop}  -- f[1]: up or draining (this step never changes it)
 for _, sid in ipairs(stop) do table.insert(out, sid) end
 table.insert(out, #ended)
 for _, sid in ipairs(ended) do table.insert(out, sid) end

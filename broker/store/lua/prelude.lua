@@ -25,6 +25,7 @@ local function k_avail(n) return P .. ':pool:' .. n .. ':avail' end
 local function k_rollout(n) return P .. ':pool:' .. n .. ':rollout' end
 local function k_avail_class(n, c) return P .. ':pool:' .. n .. ':avail:' .. c end
 local function k_stats(n) return P .. ':pool:' .. n .. ':stats' end
+local function k_waits(n) return P .. ':pool:' .. n .. ':waits' end
 -- staged sessions (warm, not yet any user's): id -> 0 once its node reported it ready, 1 while starting
 local function k_staged(n) return P .. ':pool:' .. n .. ':staged' end
 local function k_hosts() return P .. ':hosts' end
@@ -341,8 +342,23 @@ local function schedule(sid)
   schedule_warn(sid, s, t)
 end
 
--- Seat a session on (host, gpu): all writes of one bind happen together.
-local function bind(sid, pool, host, gpu, now)
+-- Count one seating in the pool's queue wait histogram (ms from the request to the seat, 0 when
+-- seated at once): bucket i holds the waits over bound i-1 up to QUEUE_WAIT_BUCKETS_MS[i], bucket
+-- #+1 the rest.  Kept here, in the step that seats, so every replica's /metrics reads the same counts.
+local function record_wait(pool, wait_ms)
+  wait_ms = math.max(math.floor(wait_ms), 0)
+  local i = #QUEUE_WAIT_BUCKETS_MS + 1
+  for j, le in ipairs(QUEUE_WAIT_BUCKETS_MS) do
+    if wait_ms <= le then i = j break end
+  end
+  redis.call('HINCRBY', k_waits(pool), 'b' .. i, 1)
+  redis.call('HINCRBY', k_waits(pool), 'sum_ms', wait_ms)
+end
+
+-- Seat a session on (host, gpu): all writes of one bind happen together.  ``created``: when it was
+-- requested (ms), for the queue wait histogram.
+local function bind(sid, pool, host, gpu, now, created)
+  record_wait(pool, tonumber(now) - (tonumber(created) or tonumber(now)))
   local hkey = k_host(host)
   redis.call('HINCRBY', hkey, 'u:' .. gpu, 1)
   refresh_host(host)
@@ -366,14 +382,14 @@ local function pump(pool, now)
   while true do
     local head = redis.call('LINDEX', k_queue(pool), 0)
     if not head then break end
-    local st = redis.call('HGET', k_session(head), 'state')
-    if st ~= 'queued' then
+    local f = redis.call('HMGET', k_session(head), 'state', 'created_ms')
+    if f[1] ~= 'queued' then
       redis.call('LPOP', k_queue(pool))  -- stale entry (ended meanwhile): drop it
     else
       local host, gpu = pick(pool)
       if host == nil then break end
       redis.call('LPOP', k_queue(pool))
-      bind(head, pool, host, gpu, now)
+      bind(head, pool, host, gpu, now, f[2])
       table.insert(seated, head)
     end
   end
@@ -582,6 +598,7 @@ local function hand_out(sid, user, pool, now)
   redis.call('SADD', k_user(user, pool), sid)
   redis.call('SADD', k_live(), sid)
   count_session(pool, nil, state)
+  record_wait(pool, 0)
   schedule(sid)
   local s = session_view(sid)
   redis.call('RPUSH', k_outbox(), cjson.encode({kind = 'start', session = s, ts_ms = now}))

@@ -179,3 +179,59 @@ async def test_bad_edge_settings_are_one_line_and_exit_2(tmp_path: Path, env: di
     assert proc.returncode == 2
     text = err.decode()
     assert "Traceback" not in text and expected in text, text
+
+
+@pytest.mark.e2e
+async def test_the_brokers_own_tls_carries_rest_sse_and_websockets(redis_url: str, prefix: str,
+                                                                  tmp_path: Path) -> None:
+    """No proxy: the broker serves HTTPS itself, and a real render node trusting the test CA registers over
+    https, follows its commands over wss (start, then stop on delete) and reports the session ready, while
+    the user's events stream over TLS shows it seated, running and ended."""
+    from tests.infra.test_nginx import next_event
+    from tests.streamer.node.test_node_e2e import node_process, start_session, wait_host
+
+    ca = make_ca(tmp_path)
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    ca.issue(cert, key)
+    port = free_port()
+    base = f"https://127.0.0.1:{port}"
+    env = {"BROKER_REDIS_URL": redis_url, "BROKER_REDIS_PREFIX": prefix, "BROKER_ADMIN_TOKEN": ADMIN,
+           "BROKER_NODE_TOKEN": NODE, "BROKER_SECRET": SECRET, "BROKER_DATA_DIR": str(tmp_path / "d"),
+           "BROKER_TLS_CERT": str(cert), "BROKER_TLS_KEY": str(key)}
+    node_log = tmp_path / "node.log"
+
+    def node_lines(needle: str) -> list[str]:
+        return [line for line in node_log.read_text().splitlines() if needle in line]
+
+    async def node_logged(needle: str) -> None:
+        deadline = time.monotonic() + 20
+        while not node_lines(needle):
+            assert time.monotonic() < deadline, f"the node never logged {needle!r}:\n{_tail(node_log)}"
+            await asyncio.sleep(0.05)
+
+    async with tls_broker(env, tmp_path / "b.log", ca, port), \
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ca.client_context())) as http, \
+            node_process(base, "game", "tls-node", node_log,
+                         extra=("--broker-ca", str(ca.path), "--selftest-interval-s", "0")):
+        async with http.put(f"{base}/api/v1/pools/game", json={"kind": "game", "max_sessions_per_gpu": 1},
+                            headers=auth(ADMIN)) as r:
+            assert r.status in (200, 201), await r.text()
+        await wait_host(http, base, "tls-node")  # registered over https
+        await node_logged("command socket open")  # the wss command socket is up before the session exists
+        token, s = await start_session(http, base, "game", "game", "gamer", {"width": 320, "height": 240, "fps": 15})
+        sid = s["id"]
+        async with http.get(f"{base}/api/v1/sessions/{sid}/events", params={"access_token": token}) as events:
+            assert events.status == 200 and events.headers["Content-Type"] == "text/event-stream"
+            seen = [await next_event(events, 10)]
+            while seen[-1]["state"] != "running":  # seated (starting), then running once the node says ready
+                seen.append(await next_event(events, 20))
+            assert [e["state"] for e in seen] in (["starting", "running"], ["running"]), seen
+            assert all(e["host"] == "tls-node" for e in seen), seen
+            await node_logged(f"command socket: start {sid}")
+            async with http.delete(f"{base}/api/v1/sessions/{sid}", headers=auth(token)) as r:
+                assert r.status in (200, 204), await r.text()
+            ended = await next_event(events, 10)
+            assert (ended["state"], ended["end_reason"]) == ("ended", "user")
+        await node_logged(f"command socket: stop {sid}")
+        await node_logged(f"session {sid} stopped: user")  # the stop command's reason (a heartbeat says "by broker")
+        assert len(node_lines(f"command socket: start {sid}")) == 1, node_lines(sid)

@@ -12,6 +12,7 @@ from broker.protocol import (
     GAMEPAD_MAX_AXES,
     GAMEPAD_MAX_BUTTONS,
     POINTER_MAX_DELTA,
+    VIEWER_STATS_MAX_SAMPLES,
     InputType,
 )
 from streamer.desktop.inputs import (
@@ -29,6 +30,7 @@ from streamer.desktop.inputs import (
     PointerRelative,
     ProbeAck,
     Resize,
+    ViewerStats,
     Wheel,
     keysym_for_code,
     parse_input,
@@ -62,6 +64,9 @@ ACCEPTED = [
     ({"t": "ping", "id": 7, "ts": 1764700000000.5}, Ping(7, 1764700000000.5)),
     ({"t": "pa", "id": 3, "rx": 1200, "rx_ms": 5123.25}, ProbeAck(3, 1200, 5123.25)),
     ({"t": "pa", "id": 0, "rx": 0, "rx_ms": 0}, ProbeAck(0, 0, 0.0)),
+    ({"t": "vs", "g2g": [41.2, 38, -3.5, 90000]}, ViewerStats((41.2, 38.0, -3.5, 90000.0))),  # range: glass.py's
+    ({"t": "vs", "g2g": []}, ViewerStats(())),
+    ({"t": "vs", "g2g": [1] * VIEWER_STATS_MAX_SAMPLES}, ViewerStats((1.0,) * VIEWER_STATS_MAX_SAMPLES)),
     ({"t": "pm", "x": 0.5, "y": 0.5, "extra": "ignored"}, PointerMove(0.5, 0.5)),
 ]
 
@@ -138,6 +143,12 @@ REJECTED = [
     ('{"t":"pa","id":1,"rx":1.5,"rx_ms":0}', DropReason.BAD_FIELD_TYPE),
     ('{"t":"pa","id":1,"rx":2,"rx_ms":-0.5}', DropReason.OUT_OF_RANGE),
     ('{"t":"pa","id":1,"rx":2}', DropReason.MISSING_FIELD),
+    ('{"t":"vs"}', DropReason.MISSING_FIELD),
+    ('{"t":"vs","g2g":41.2}', DropReason.BAD_FIELD_TYPE),
+    ('{"t":"vs","g2g":[41.2,"slow"]}', DropReason.BAD_FIELD_TYPE),
+    ('{"t":"vs","g2g":[41.2,true]}', DropReason.BAD_FIELD_TYPE),
+    ('{"t":"vs","g2g":[1e400]}', DropReason.OUT_OF_RANGE),  # json reads it as inf
+    (json.dumps({"t": "vs", "g2g": [1] * (VIEWER_STATS_MAX_SAMPLES + 1)}), DropReason.OUT_OF_RANGE),
     ('{"t":"pa","rx":2,"rx_ms":1}', DropReason.MISSING_FIELD),
     ('{"t":"probe","id":1}', DropReason.UNKNOWN_TYPE),  # node -> viewer only
     ("x" * (INPUT_MAX_BYTES + 1), DropReason.TOO_LARGE),

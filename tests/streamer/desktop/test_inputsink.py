@@ -47,6 +47,18 @@ def test_router_pings_counts_and_forwards() -> None:
     assert sink.releases == 1
 
 
+def test_router_hands_viewer_stats_to_its_hook_and_they_are_no_activity() -> None:
+    sink = RecordingSink()
+    seen: list[tuple[float, ...]] = []
+    router = InputRouter(sink, clock_ms=lambda: 1000, on_viewer_stats=seen.append)
+    router.handle('{"t":"vs","g2g":[41.5,38]}', lambda m: None)
+    router.handle('{"t":"vs","g2g":["x"]}', lambda m: None)  # dropped: the hook never sees it
+    assert seen == [(41.5, 38.0)]
+    assert router.last_input_ms is None and sink.events == []
+    assert router.counters.snapshot() == {"accepted": {"vs": 1}, "dropped": {"bad_field_type": 1}}
+    InputRouter(sink).handle('{"t":"vs","g2g":[1]}', lambda m: None)  # no hook: counted, nothing else
+
+
 def test_router_survives_a_failing_sink() -> None:
     class Broken(RecordingSink):
         def submit(self, event: InputEvent) -> None:

@@ -7,7 +7,8 @@ What a native client meets (docs/protocol.md, "DTLS roles and certificates", "Or
   certificate, so the handshake completes (before, it answered ``active``, the viewer was the server
   and aiortc's ECDHE-ECDSA-only suites met an RSA certificate: "no shared cipher");
 - a failed DTLS or ICE state change sends the viewer a signaling ``error`` (``dtls_failed``,
-  ``ice_failed``) through the runtime's ``signal`` event, and the node logs it at WARNING;
+  ``ice_failed``) through the runtime's ``signal`` event, and the node logs it at WARNING; before any
+  viewer of the session connected, the event names it the session's ``start_failure`` (once);
 - candidates trickled before the offer are held and added once the offer is applied.
 
 The RSA viewer is an aiortc viewer given an RSA-2048 certificate and OpenSSL's broad cipher list
@@ -85,6 +86,9 @@ class Events:
     def signals(self) -> list[dict[str, Any]]:
         return [info["msg"] for name, info in self.seen if name == "signal"]
 
+    def start_failures(self) -> list[str | None]:
+        return [info.get("start_failure") for name, info in self.seen if name == "signal"]
+
 
 @pytest.fixture
 async def game() -> AsyncIterator[tuple[SessionRuntime, Events]]:
@@ -159,6 +163,7 @@ async def test_a_failed_dtls_handshake_is_sent_to_the_viewer_and_logged(
         assert "a=setup:passive" in error["detail"] and "RSA" in error["detail"]
         assert any(r.levelno == logging.WARNING and "dtls_failed" in r.getMessage() for r in caplog.records)
         assert "connected" not in [n for n, _ in events.seen]
+        assert events.start_failures() == ["dtls_failed"]  # no viewer had connected: the start failed
         await until(lambda: runtime.stats()["connected"] is False and runtime.state == "running", "session hurt")
     finally:
         await viewer.close()
@@ -182,6 +187,29 @@ async def test_a_failed_ice_check_is_sent_to_the_viewer(
         (error,) = events.signals()
         assert error["code"] == SignalError.ICE_FAILED.value
         assert "before connecting" in error["detail"] and "viewer candidates 1 host" in error["detail"]
+        assert events.start_failures() == ["ice_failed"]
+    finally:
+        await viewer.close()
+
+
+async def test_a_failed_connection_after_a_viewer_connected_is_no_start_failure(
+    game: tuple[SessionRuntime, Events], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime, events = game
+    first = Viewer()
+    try:
+        await send_offer(runtime, first, await first.offer())
+        await first.wait_frames(1)
+    finally:
+        await first.close()
+    await until(lambda: [n for n, _ in events.seen] == ["connected", "disconnected"], "first viewer not gone")
+    viewer = rsa_viewer(monkeypatch)  # the next viewer's DTLS fails, as in the test above
+    try:
+        offer = await viewer.offer()
+        offer["sdp"] = offer["sdp"].replace("a=setup:actpass", "a=setup:passive")
+        await send_offer(runtime, viewer, offer)
+        await until(lambda: events.signals() != [], "no signaling error after the DTLS failure")
+        assert [m["code"] for m in events.signals()] == ["dtls_failed"] and events.start_failures() == [None]
     finally:
         await viewer.close()
 

@@ -45,14 +45,15 @@ def session_pids(kind: str) -> set[int]:
 
 
 @contextlib.asynccontextmanager
-async def node_process(broker_url: str, pool: str, host_id: str, log: Path,
-                       shutdown_grace_s: float = 0) -> AsyncIterator[asyncio.subprocess.Process]:
+async def node_process(broker_url: str, pool: str, host_id: str, log: Path, shutdown_grace_s: float = 0,
+                       seats: int = 1, extra: tuple[str, ...] = ()) -> AsyncIterator[asyncio.subprocess.Process]:
+    """A ``render-node`` child (``extra``: more of its command-line settings); stopped with its group on exit."""
     with open(log, "ab") as fh:  # noqa: ASYNC230 (a local log file, opened once)
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "streamer", "--broker-url", broker_url, "--node-token", NODE, "--pool", pool,
-            "--host-id", host_id, "--seats", "1", "--advertise-addresses", "127.0.0.1",
+            "--host-id", host_id, "--seats", str(seats), "--advertise-addresses", "127.0.0.1",
             "--heartbeat-interval-s", "1", "--shutdown-grace-s", str(shutdown_grace_s), *session_user_args(),
-            stdout=fh, stderr=fh, start_new_session=True)
+            *extra, stdout=fh, stderr=fh, start_new_session=True)
     try:
         yield proc
     finally:
@@ -96,11 +97,16 @@ class BrokerSignal:
                 return [reply]
 
 
+def broker_env(redis_url: str, prefix: str, tmp_path: Path) -> dict[str, str]:
+    """A test broker's environment: this test's Redis prefix and SQLite under ``tmp_path``, a 3 s host lease."""
+    return {"BROKER_REDIS_URL": redis_url, "BROKER_REDIS_PREFIX": prefix, "BROKER_ADMIN_TOKEN": ADMIN,
+            "BROKER_NODE_TOKEN": NODE, "BROKER_SECRET": SECRET, "BROKER_DATA_DIR": str(tmp_path / "d"),
+            "BROKER_HOST_LEASE_TTL_S": "3", "BROKER_REAPER_INTERVAL_S": "0.5", "BROKER_LOG_LEVEL": "info"}
+
+
 @pytest.fixture
 async def system(redis_url: str, prefix: str, tmp_path: Path) -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
-    env = {"BROKER_REDIS_URL": redis_url, "BROKER_REDIS_PREFIX": prefix, "BROKER_ADMIN_TOKEN": ADMIN,
-           "BROKER_NODE_TOKEN": NODE, "BROKER_SECRET": SECRET, "BROKER_DATA_DIR": str(tmp_path / "d"),
-           "BROKER_HOST_LEASE_TTL_S": "3", "BROKER_REAPER_INTERVAL_S": "0.5", "BROKER_LOG_LEVEL": "info"}
+    env = broker_env(redis_url, prefix, tmp_path)
     async with broker_process(env, str(tmp_path / "broker.log")) as b, aiohttp.ClientSession() as http:
         yield b.url, http
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamer.node.watchdog import Limits, Sample, WatchdogState, decide
+from streamer.node.watchdog import Limits, Sample, WatchdogState, decide, released
 
 LIM = Limits(max_temp_c=90, throttle_hold_ms=60_000, vram_growth_mb=2048, max_session_failures=3,
              max_loop_lag_ms=1000, healthy_hold_ms=300_000, max_trips=3, trip_window_ms=3_600_000)
@@ -106,7 +106,30 @@ def test_repeated_trips_hold_the_host_drained_for_an_operator() -> None:
     assert (action, reason) == ("hold_for_operator",
                                 "tripped 3 times in 60 min: stays drained until an operator undrains it")
     assert run(st, sample(gpu(temp=70)), now + 900_000)[0] == "none" and st.held
-    assert run(st, sample(gpu(temp=99)), now + 905_000)[0] == "none"  # held: no new trip either
+    action, _, st = run(st, sample(gpu(temp=99), lag=2000), now + 905_000)
+    assert action == "none" and st.held  # held: no new trip either, but the checks failing are reported
+    assert st.tripped == {"gpu_hot", "loop_lag"}
+
+    # an operator undrains it: a clean slate, and the next sick sample drains it again (a first trip)
+    st = released(st)
+    assert (st.drained, st.held, st.trips_ms, st.tripped) == (False, False, (), frozenset())
+    action, _, st = run(st, sample(gpu(temp=70)), now + 910_000)
+    assert action == "none"
+    action, _, st = run(st, sample(gpu(temp=95)), now + 915_000)
+    assert action == "drain" and st.trips_ms == (now + 915_000,) and st.tripped == {"gpu_hot"}
+
+
+def test_tripped_names_the_checks_of_the_current_drain_until_the_undrain() -> None:
+    _, _, st = run(WatchdogState(), sample(gpu(temp=60)), 0)
+    assert st.tripped == frozenset()
+    _, _, st = run(st, sample(gpu(temp=95)), 5_000)
+    assert st.drained and st.tripped == {"gpu_hot"}
+    _, _, st = run(st, sample(gpu(temp=70), lag=1500), 10_000)  # cooler, but the loop lags: both stay named
+    assert st.tripped == {"gpu_hot", "loop_lag"}
+    _, _, st = run(st, sample(gpu(temp=70)), 15_000)  # healthy: still drained, the checks still named
+    assert st.tripped == {"gpu_hot", "loop_lag"}
+    action, _, st = run(st, sample(gpu(temp=70)), 315_000)
+    assert action == "undrain" and st.tripped == frozenset()
 
 
 def test_a_failed_selftest_drains_and_a_passing_one_lets_the_host_undrain() -> None:
