@@ -32,7 +32,7 @@ from broker.db.engine import create_engine, migrate
 from broker.db.repository import Repository
 from broker.embedded import EmbeddedRedis
 from broker.errors import BrokerError, MalformedBody, NotFound, Unavailable
-from broker.http import realtime  # noqa: F401  (registers the streaming routes on broker.http.api.routes)
+from broker.http import realtime, shares  # noqa: F401  (register their routes on broker.http.api.routes)
 from broker.http.api import path_params_middleware, routes
 from broker.http.edge import EDGE, Edge, parse_listen
 from broker.http.openapi import openapi_document

@@ -5,7 +5,11 @@ Signed tokens are ``<kind>.<base64url(json claims)>.<base64url(hmac-sha256(key, 
 
 - ``u1`` user token, claims ``{"u": user, "exp": epoch_s}`` (minted by ``POST /tokens``, ``/guest``);
 - ``n1`` node credential, claims ``{"h": host_id, "exp": epoch_s}``: bound to one host id, minted
-  by ``POST /hosts`` (registration with the shared node token) and renewed in heartbeat replies.
+  by ``POST /hosts`` (registration with the shared node token) and renewed in heartbeat replies;
+- ``s1`` share token, claims ``{"s": session_id, "i": share_id, "r": role, "exp": epoch_s}``: lets a
+  viewer watch one session (``POST /sessions/{id}/shares``); accepted only by the watch page and the
+  viewer's signaling socket, never as a REST credential.  Revocation is a Redis marker per share id
+  (``broker.store.keys``), so a revoked token stays valid-looking here: callers check the marker.
 
 The kind is inside the signed text, so a user token never passes as a node credential (or the
 reverse).  Any replica verifies either without shared state.
@@ -41,6 +45,7 @@ from broker.protocol import Role
 
 USER_TOKEN_VERSION = "u1"
 NODE_CREDENTIAL_VERSION = "n1"
+SHARE_TOKEN_VERSION = "s1"
 
 Keys = str | Sequence[str]  # one key, or the verification keys newest first
 
@@ -78,6 +83,12 @@ def _mint(keys: Keys, kind: str, claims: dict[str, Any]) -> str:
 
 def _verify(keys: Keys, token: str, kind: str, name_claim: str, now_s: float) -> tuple[str, int, int]:
     """(name claim, expiry, index of the key that signed it); Unauthorized when forged, malformed or expired."""
+    claims, index = _verify_claims(keys, token, kind, name_claim, now_s)
+    return str(claims[name_claim]), int(claims["exp"]), index
+
+
+def _verify_claims(keys: Keys, token: str, kind: str, name_claim: str, now_s: float) -> tuple[dict[str, Any], int]:
+    """(claims, index of the key that signed them); Unauthorized when forged, malformed or expired."""
     parts = token.split(".")
     if len(parts) != 3 or parts[0] != kind:
         raise Unauthorized("malformed token")
@@ -96,7 +107,7 @@ def _verify(keys: Keys, token: str, kind: str, name_claim: str, now_s: float) ->
         raise Unauthorized("malformed token claims")
     if claims["exp"] <= now_s:
         raise Unauthorized("token expired")
-    return str(claims[name_claim]), int(claims["exp"]), matched[0]
+    return claims, matched[0]
 
 
 def mint_user_token(secret: Keys, user: str, now_s: float, ttl_s: int) -> tuple[str, int]:
@@ -121,6 +132,32 @@ def verify_node_credential(keys: Keys, token: str, now_s: float) -> Principal:
     """The node principal a credential names (``host`` set); Unauthorized if forged, malformed or expired."""
     host, exp, index = _verify(keys, token, NODE_CREDENTIAL_VERSION, "h", now_s)
     return Principal(Role.NODE, host, host=host, expires_at=exp, key_index=index)
+
+
+@dataclass(frozen=True)
+class ShareGrant:
+    """What a verified share token allows: watching ``session`` through share ``share_id`` in ``role``."""
+
+    session: str
+    share_id: str
+    role: str
+    expires_at: int  # epoch s
+
+
+def mint_share_token(keys: Keys, session_id: str, share_id: str, role: str, now_s: float,
+                     ttl_s: int) -> tuple[str, int]:
+    """A token for watching ``session_id`` through share ``share_id``: (token, expiry epoch s)."""
+    exp = int(now_s) + int(ttl_s)
+    return _mint(keys, SHARE_TOKEN_VERSION, {"s": session_id, "i": share_id, "r": role, "exp": exp}), exp
+
+
+def verify_share_token(keys: Keys, token: str, now_s: float) -> ShareGrant:
+    """The grant a share token carries; Unauthorized if forged, malformed or expired (revocation is the
+    caller's check: a marker in Redis)."""
+    claims, _ = _verify_claims(keys, token, SHARE_TOKEN_VERSION, "s", now_s)
+    if not isinstance(claims.get("i"), str) or not isinstance(claims.get("r"), str):
+        raise Unauthorized("malformed token claims")
+    return ShareGrant(str(claims["s"]), str(claims["i"]), str(claims["r"]), int(claims["exp"]))
 
 
 def needs_renewal(who: Principal, now_s: float, ttl_s: int) -> bool:

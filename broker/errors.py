@@ -71,6 +71,13 @@ class Forbidden(BrokerError):
     title = "Not allowed"
 
 
+class ShareRevoked(Forbidden):
+    """The session's owner (or an admin) revoked the share this token belongs to, or the session ended."""
+
+    code = "share_revoked"
+    title = "Share revoked"
+
+
 class NotFound(BrokerError):
     code = "not_found"
     status = 404

@@ -70,6 +70,9 @@ POOL_SCHEMA: Final = {
                             description="0 disables the maximum duration"),
     "max_sessions_per_user": Field("int", default=1, minimum=1, maximum=64),
     "allow_resize": Field("bool", default=True),
+    "announce_shadow": Field("bool", default=True,
+                             description="An admin shadowing a session (a share link of their own) is announced to "
+                                         "the session's owner (a 'shadowed' warning on its event stream)"),
     "staged": Field("int", default=0, minimum=0, maximum=64,
                     description="Sessions kept started on the pool's hosts (display, app and encoder running), "
                                 "not yet any user's: the next users who ask are handed one, and it is refilled. "
@@ -96,6 +99,7 @@ class PoolConfig:
     max_duration_s: int = 8 * 3600
     max_sessions_per_user: int = 1
     allow_resize: bool = True
+    announce_shadow: bool = True  # tell the owner when an admin starts watching their session
     staged: int = 0  # warm sessions kept ready for the next users (see store/lua/prelude.lua, restage)
     description: str = ""
 
@@ -279,6 +283,12 @@ SESSION_SCHEMA: Final = {
 SESSION_STATE_SCHEMA: Final = {
     "state": Field("str", required=True, choices=("running", "disconnected", "ended")),
     "reason": Field("str", default="node_ended", max_length=64),
+}
+
+SHARE_SCHEMA: Final = {
+    "role": Field("str", default="view", choices=("view",),
+                  description="What the link's viewers may do: view only (their input is dropped)"),
+    "ttl_s": Field("int", default=3600, minimum=60, maximum=DAY_S, description="The token's life in seconds"),
 }
 
 TOKEN_SCHEMA: Final = {

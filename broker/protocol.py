@@ -23,7 +23,7 @@ API_PREFIX: Final = "/api/v1"
 # data channels).  Raised by one for every change a client can observe, compatible additions
 # included; docs/protocol.md's change log says what changed and whether it breaks old clients.
 # tests/web/test_protocol_doc.py checks that the document states this number.
-PROTOCOL_VERSION: Final = 5
+PROTOCOL_VERSION: Final = 6
 
 
 class SessionState(StrEnum):
@@ -114,6 +114,20 @@ class SignalType(StrEnum):
     IN_USE = "in_use"
     # broker -> viewer, then the socket closes: another tab took the session over; do not reconnect
     MOVED = "moved"
+
+
+class ByeReason(StrEnum):
+    """``reason`` of a ``bye`` the broker sends a viewer before closing its socket (besides end reasons)."""
+
+    # a share viewer's link was revoked (by the owner or an admin), or every link of the session was:
+    # the viewer is disconnected and must not reconnect
+    SHARE_REVOKED = "share_revoked"
+
+
+class ShareRole(StrEnum):
+    """What a share link lets its viewer do (``POST /api/v1/sessions/{id}/shares``)."""
+
+    VIEW = "view"  # watch only: the node drops the viewer's input messages
 
 
 SIGNAL_MAX_BYTES: Final = 64 * 1024  # an SDP with many candidates stays far below this
@@ -242,6 +256,8 @@ def all_constants() -> dict[str, dict[str, str]]:
         PoolKind,
         SignalType,
         SignalError,
+        ByeReason,
+        ShareRole,
         InputType,
         NodeEventType,
         ControlScheme,

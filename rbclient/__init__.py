@@ -8,7 +8,7 @@ viewers benchmark (``bench/bench_viewers.py``) use.  Imports only ``broker.proto
 from rbclient.api import ApiError, Broker, SessionEnded, SessionView
 from rbclient.stamp import Stamp, read_frame
 from rbclient.stats import StatsSnapshot, StatsSummary, ViewerStats
-from rbclient.stream import Frame, SignalingError, Stream, start
+from rbclient.stream import Frame, SignalingError, Stream, start, watch
 
 __all__ = ["ApiError", "Broker", "Frame", "SessionEnded", "SessionView", "SignalingError", "Stamp",
-           "StatsSnapshot", "StatsSummary", "Stream", "ViewerStats", "read_frame", "start"]
+           "StatsSnapshot", "StatsSummary", "Stream", "ViewerStats", "read_frame", "start", "watch"]

@@ -135,6 +135,32 @@ class Broker:
         """``DELETE /sessions/{id}``: the ended view (again 200 when it had already ended)."""
         return dict(await self.request("DELETE", f"sessions/{session_id}"))
 
+    # --- share links (protocol v6) --------------------------------------------------------
+    async def share(self, session_id: str, ttl_s: int = 3600) -> dict[str, Any]:
+        """``POST /sessions/{id}/shares``: a view-only link (``token``, ``watch_url``, ``id``, ``expires_at``)."""
+        return dict(await self.request("POST", f"sessions/{session_id}/shares", {"role": "view", "ttl_s": ttl_s}))
+
+    async def shares(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's live links, each with ``viewers`` connected now."""
+        return list((await self.request("GET", f"sessions/{session_id}/shares"))["shares"])
+
+    async def stop_sharing(self, session_id: str, share_id: str | None = None) -> dict[str, Any]:
+        """Revoke one link, or every link (``share_id`` None): their viewers are disconnected."""
+        path = f"sessions/{session_id}/shares" + (f"/{share_id}" if share_id else "")
+        return dict(await self.request("DELETE", path))
+
+    async def watch_view(self) -> SessionView:
+        """With a share token as ``token``: the session to watch, as a view ``Stream`` accepts (``id``,
+        ``signaling`` with the viewer socket's ``url`` and ``ice_servers``, ``role``).  ``ApiError``
+        ``share_revoked`` (403) once the link was revoked."""
+        async with self.http.get(f"{self.url}/watch", params={"token": self.token or ""},
+                                 headers={"Accept": "application/json"},
+                                 timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as r:
+            await _raise_for_problem(r)
+            info = await r.json()
+        return {"id": info["session"], "role": info["role"], "expires_at": info["expires_at"],
+                "signaling": {"url": info["signaling_url"], "ice_servers": info["ice_servers"]}}
+
     # --- events ------------------------------------------------------------------------
     async def events(self, session_id: str) -> AsyncIterator[dict[str, Any]]:
         """The session's server-sent events as dicts (``{"type": "state", ...view}`` or ``"warning"``).

@@ -410,3 +410,18 @@ async def start(broker: Broker, pool: str, *, width: int | None = None, height: 
                 await broker.end_session(str(view["id"]))
         raise
     return stream
+
+
+async def watch(broker: Broker, **stream_options: Any) -> Stream:
+    """Watch a shared session: ``broker`` holds a share token (``Broker(url, token=<share token>)``).
+
+    The stream is view-only: the node answers pings and drops every other input message; ``bye_reason``
+    ``share_revoked`` says the owner stopped sharing (do not reconnect).  ``stream_options`` as ``start``.
+    """
+    stream = Stream(broker, await broker.watch_view(), **stream_options)
+    try:
+        await stream.connect()
+    except BaseException:
+        await stream.close()
+        raise
+    return stream

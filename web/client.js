@@ -31,6 +31,7 @@ import { TabGate, leaveOnPagehide, tabId, tabSignalUrl } from "./tabs.js";
 import { showControls } from "./controls.js";
 import { TOUCH_HINT, TouchController, touchPrimary } from "./touch.js";
 import { PeerLink } from "./peer.js";
+import { ShareControls } from "./share.js";
 import { FrameStamps, readStats, renderStats } from "./stats.js";
 
 const TOKEN_KEY = "rb.viewer.token";
@@ -123,7 +124,14 @@ leaveOnPagehide(() => (app.session && app.token && !tabGate.state && !app.ending
 const touch = new TouchController({
   video, send: input.o.send, active: input.o.active, keyboardButton: $("#btn-keyboard"), keyboardInput: $("#osk"),
 });
-const stamps = new FrameStamps(video, () => app.view === "stream");
+// ?stamps=all reads every frame's stamp (tests compare the frames two pages decoded), else a few a second
+const stamps = new FrameStamps(video, () => app.view === "stream",
+  { everyFrame: new URLSearchParams(location.search).get("stamps") === "all" });
+const share = new ShareControls({
+  call: (method, path, body) => api(app.token, method, path, body),
+  sessionId: () => (app.session && SEATED_STATES.includes(app.session.state) ? app.session.id : null),
+  shareButton: $("#btn-share"), listButton: $("#btn-sharing"), panel: $("#share-panel"), toast,
+});
 
 // =========================================================================================
 // views
@@ -444,6 +452,7 @@ function watchFirstFrame() {
     app.firstFrame = true;
     step("frame", "done");
     show("stream");
+    share.refresh();
     video.focus({ preventScroll: true });
     hint(app.pool && app.pool.kind === PoolKind.GAME ? "Click the video to capture the mouse · Esc releases it · F8 shows stats"
       : "F8 shows stats · paste with Ctrl+V sends your clipboard");
@@ -594,6 +603,7 @@ function teardown() {
 
 function finish(view, extra) {
   teardown();
+  share.reset();
   hideWarning();
   setSession({ ...view, state: SessionState.ENDED });
   app.ending = false;
@@ -723,6 +733,9 @@ window.renderBroker = Object.freeze({
   get connections() { return app.connections; },
   get elsewhere() { return tabGate.state; },
   get tab() { return TAB; },
+  get frameNumbers() { return stamps.frameNumbers.slice(); },
+  get shares() { return share.shares; },
+  get shareLink() { return share.lastLink; },
   stats: () => statsNow(false),
   lastStats: () => app.lastStats,
   send: (msg) => Boolean(app.link && app.link.send(msg)),

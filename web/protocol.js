@@ -11,7 +11,7 @@
 export const API_PREFIX = "/api/v1";
 
 // the client protocol version docs/protocol.md describes
-export const PROTOCOL_VERSION = 5;
+export const PROTOCOL_VERSION = 6;
 
 // ---- session lifecycle --------------------------------------------------------------
 
@@ -78,6 +78,16 @@ export const SignalType = Object.freeze({
   "PEER_LEFT": "peer_left",
   "IN_USE": "in_use",
   "MOVED": "moved"
+});
+
+// `reason` of a `bye` the broker sends a viewer (besides session end reasons)
+export const ByeReason = Object.freeze({
+  "SHARE_REVOKED": "share_revoked"
+});
+
+// what a share link lets its viewer do
+export const ShareRole = Object.freeze({
+  "VIEW": "view"
 });
 
 export const SIGNAL_MAX_BYTES = 65536;

@@ -13,6 +13,7 @@ import { VIEWER_STATS_MAX_SAMPLES } from "./protocol.js";
 
 const STAMP_SCALE = 4; // stamp strip sampled at 4 x 4 canvas pixels per cell
 const STAMP_SAMPLE_MS = 250; // read a frame stamp at most this often (4x slower after repeated misses)
+const FRAME_NUMBERS_KEPT = 600; // frame numbers kept for comparing what two pages decoded (20 s at 30 fps)
 const STAMP_WINDOW = 30; // glass-to-glass is the median of this many recent stamped frames
 
 /**
@@ -100,10 +101,13 @@ export function renderStats(box, s) {
 
 /** Glass-to-glass latency from the render stamps in displayed frames (when the stream has them). */
 export class FrameStamps {
-  /** @param {HTMLVideoElement} video  @param {() => boolean} active  sample only while this is true */
-  constructor(video, active) {
+  /** @param {HTMLVideoElement} video  @param {() => boolean} active  sample only while this is true
+   *  @param {{everyFrame?: boolean}} [opts]  everyFrame: read every frame's stamp (else every STAMP_SAMPLE_MS) */
+  constructor(video, active, opts = {}) {
     this.video = video;
     this.active = active;
+    this.everyFrame = Boolean(opts.everyFrame);
+    this.frameNumbers = []; // frame numbers of the newest stamped frames read (at most FRAME_NUMBERS_KEPT)
     this.samples = [];
     this.fresh = []; // samples not yet reported to the node (takeFresh), the newest VIEWER_STATS_MAX_SAMPLES
     this.offsets = []; // recent RTP offsets (see rtpShiftMs), to pair each sample with its frame
@@ -147,7 +151,7 @@ export class FrameStamps {
     const v = this.video;
     if (!this.active() || !v.videoWidth) return;
     const now = performance.now();
-    if (now - this.lastAt < (this.misses > 8 ? 4 * STAMP_SAMPLE_MS : STAMP_SAMPLE_MS)) return;
+    if (!this.everyFrame && now - this.lastAt < (this.misses > 8 ? 4 * STAMP_SAMPLE_MS : STAMP_SAMPLE_MS)) return;
     this.lastAt = now;
     const cw = STAMP_COLUMNS * STAMP_SCALE, ch = STAMP_ROWS * STAMP_SCALE;
     if (!this.ctx) {
@@ -161,6 +165,8 @@ export class FrameStamps {
       const stamp = parseStamp(cellBits(this.ctx.getImageData(0, 0, cw, ch).data, STAMP_SCALE));
       if (!stamp) { this.misses += 1; return; }
       this.misses = 0;
+      this.frameNumbers.push(stamp.frameNo);
+      if (this.frameNumbers.length > FRAME_NUMBERS_KEPT) this.frameNumbers.shift();
       const shownAt = performance.timeOrigin + (meta && meta.expectedDisplayTime ? meta.expectedDisplayTime : now);
       // the metadata's frame may be older than the drawn one: measure from the metadata frame's render time
       const offset = rtpOffset(meta ? meta.rtpTimestamp : undefined, stamp.tsMs);

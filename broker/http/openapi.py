@@ -18,6 +18,7 @@ from broker.models import (
     POOL_SCHEMA,
     SESSION_SCHEMA,
     SESSION_STATE_SCHEMA,
+    SHARE_SCHEMA,
     TOKEN_SCHEMA,
 )
 from broker.protocol import API_PREFIX, all_constants
@@ -86,6 +87,17 @@ DOCS: dict[tuple[str, str], tuple[str, str, Schema | None]] = {
                                               "owner, admin", None),
     ("GET", f"{A}/sessions/{{sid}}/signal"): ("WebSocket: WebRTC signaling relayed to the session's node",
                                               "owner", None),
+    ("POST", f"{A}/sessions/{{sid}}/shares"): ("Create a view-only share link: a token scoped to the session "
+                                               "(an admin's link shadows the session: audited, announced to the "
+                                               "owner where the pool says so)", "owner, admin", SHARE_SCHEMA),
+    ("GET", f"{A}/sessions/{{sid}}/shares"): ("The session's live share links with their viewers connected",
+                                              "owner, admin", None),
+    ("DELETE", f"{A}/sessions/{{sid}}/shares"): ("Stop sharing: revoke every link, disconnect their viewers",
+                                                 "owner, admin", None),
+    ("DELETE", f"{A}/sessions/{{sid}}/shares/{{share}}"): ("Revoke one share link, disconnect its viewers",
+                                                           "owner, admin", None),
+    ("GET", f"{A}/sessions/{{sid}}/watch"): ("WebSocket: a share viewer's signaling (?access_token=<share token>)",
+                                             "share token", None),
     ("GET", f"{A}/audit"): ("Audit log, newest first (?limit, ?before_id, ?action)", "admin", None),
     ("GET", f"{A}/openapi.json"): ("This document", "none", None),
     ("GET", "/healthz"): ("Process is alive", "none", None),
@@ -98,7 +110,8 @@ CREATED: dict[str, Any] = {"description": "Created", "content": {"application/js
 NO_CONTENT: dict[str, Any] = {"description": "Done (no body)"}
 # Success responses where they are not "200 with a JSON object"
 SUCCESS: dict[tuple[str, str], dict[str, Any]] = {
-    **{k: {"201": CREATED} for k in (("POST", f"{A}/tokens"), ("POST", f"{A}/guest"), ("POST", f"{A}/hosts"))},
+    **{k: {"201": CREATED} for k in (("POST", f"{A}/tokens"), ("POST", f"{A}/guest"), ("POST", f"{A}/hosts"),
+                                     ("POST", f"{A}/sessions/{{sid}}/shares"))},
     **{k: {"200": JSON_OK, "201": CREATED} for k in (
         ("PUT", f"{A}/pools/{{name}}"), ("POST", f"{A}/sessions"), ("PUT", f"{A}/pools/{{name}}/plan"),
         ("PUT", f"{A}/pools/{{name}}/rollout"))},
@@ -107,7 +120,8 @@ SUCCESS: dict[tuple[str, str], dict[str, Any]] = {
     ("GET", f"{A}/sessions/{{sid}}/events"): {"200": {"description": "An event stream", "content": {
         "text/event-stream": {"schema": {"type": "string"}}}}},
     **{k: {"101": {"description": "Switching to a WebSocket"}} for k in (
-        ("GET", f"{A}/sessions/{{sid}}/signal"), ("GET", f"{A}/hosts/{{id}}/commands"))},
+        ("GET", f"{A}/sessions/{{sid}}/signal"), ("GET", f"{A}/hosts/{{id}}/commands"),
+        ("GET", f"{A}/sessions/{{sid}}/watch"))},
     ("GET", "/metrics"): {"200": {"description": "Prometheus text exposition", "content": {
         "text/plain": {"schema": {"type": "string"}}}}},
 }

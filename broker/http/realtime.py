@@ -173,6 +173,10 @@ async def _from_node(b: Any, host_id: str, data: str, ws: web.WebSocketResponse)
     if s is None or s.get("host") != host_id:
         await ws.send_json({"cmd": "error", "detail": f"session {sid} is not on host {host_id}"})
         return
+    viewer = msg.get("viewer")
+    if isinstance(viewer, str) and viewer:  # for one share viewer (broker.http.shares)
+        await b.live.redis.publish(b.live.keys.chan_signal_viewer(sid, viewer[:64]), json.dumps(inner))
+        return
     await b.live.redis.publish(b.live.keys.chan_signal_client(sid), json.dumps(inner))
 
 

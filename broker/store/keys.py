@@ -43,6 +43,11 @@ Key map (``P`` is the prefix, default ``rb``)::
     P:session:{id}:tab          string "<tab> <socket>": the browser tab (signaling ``tab`` id) and its socket that
                                        hold the session's viewer,
                                        TTL VIEWER_TAB_TTL_MS past its socket's last renewal
+    P:session:{id}:shares       hash   share id -> JSON {role, by, shadow, created_ms, expires_at}: the session's
+                                       live share links; expires with the latest link (PEXPIREAT)
+    P:session:{id}:viewers      zset   "<share id> <viewer id>" -> ms its signaling socket's hold runs out
+                                       (renewed every VIEWER_TAB_RENEW_S; SHARE_VIEWER_TTL_MS past the last)
+    P:share:{share id}:revoked  string marker: the link was revoked; lives for the token's remaining life
     P:user:{user}:pool:{pool}   set    the user's live session ids in a pool
     P:live                      set    every live (not ended) session id
     P:due:leases                zset   host id -> when its lease runs out (ms, renewed by each heartbeat); the
@@ -69,7 +74,9 @@ Key map (``P`` is the prefix, default ``rb``)::
                                        evaluation), TTL AUTOSCALE_STATE_TTL_S, rewritten every pass
 
 Channels: ``P:ev:session:{id}`` (state changes), ``P:ev:pool:{pool}`` (queue moved),
-``P:node:{host}`` (commands for a node), ``P:sig:{session}:client`` (signaling to the viewer).
+``P:node:{host}`` (commands for a node), ``P:sig:{session}:client`` (signaling to the viewer),
+``P:sig:{session}:viewer:{viewer}`` (signaling to one share viewer), ``P:sig:{session}:shares`` (revocations,
+published by the revoking Lua step).
 """
 
 from __future__ import annotations
@@ -84,6 +91,8 @@ OUTBOX_STALE_MS: Final = 30_000  # a record in processing this long was orphaned
 # this long past its holder's last renewal (every VIEWER_TAB_RENEW_S while its socket is open)
 VIEWER_TAB_TTL_MS: Final = 30_000
 VIEWER_TAB_RENEW_S: Final = 10.0
+SHARE_VIEWER_TTL_MS: Final = 30_000  # a share viewer's hold lives this long past its socket's last renewal
+SHARES_MAX: Final = 16  # live share links per session
 AUTOSCALE_STATE_TTL_S: Final = 7 * 86_400  # an autoscaler record no replica has rewritten for a week is dropped
 AUTOSCALE_LOCK_MIN_TTL_S: Final = 10  # the per-pool leader lock lives max(this, 2 intervals)
 # A removed host stays refused this long: well past a provider's stop (SIGTERM, a pod's 30 s grace
@@ -168,6 +177,15 @@ class Keys:
     def session_tab(self, session_id: str) -> str:
         return f"{self.prefix}:session:{session_id}:tab"
 
+    def session_shares(self, session_id: str) -> str:
+        return f"{self.prefix}:session:{session_id}:shares"
+
+    def session_viewers(self, session_id: str) -> str:
+        return f"{self.prefix}:session:{session_id}:viewers"
+
+    def share_revoked(self, share_id: str) -> str:
+        return f"{self.prefix}:share:{share_id}:revoked"
+
     def user_sessions(self, user: str, pool: str) -> str:
         return f"{self.prefix}:user:{user}:pool:{pool}"
 
@@ -194,3 +212,9 @@ class Keys:
 
     def chan_signal_client(self, session_id: str) -> str:
         return f"{self.prefix}:sig:{session_id}:client"
+
+    def chan_signal_viewer(self, session_id: str, viewer_id: str) -> str:
+        return f"{self.prefix}:sig:{session_id}:viewer:{viewer_id}"
+
+    def chan_shares(self, session_id: str) -> str:
+        return f"{self.prefix}:sig:{session_id}:shares"

@@ -44,6 +44,7 @@ from broker.store.keys import (
     QUEUE_WAIT_BUCKETS_S,
     REAPER_PASS_TTL_S,
     RETIRED_HOST_TTL_S,
+    SHARE_VIEWER_TTL_MS,
     VIEWER_TAB_TTL_MS,
     Keys,
 )
@@ -52,7 +53,7 @@ SCRIPT_NAMES = (
     "create_session", "end_session", "session_state", "touch_session", "register_host", "heartbeat",
     "host_down", "host_state", "remove_host", "put_pool", "delete_pool", "expire_hosts", "purge_hosts",
     "claim_sessions", "reschedule", "take_warning", "reindex_pool", "set_rollout", "reaper_pass", "adopt_sessions",
-    "viewer_tab", "leave_session",
+    "viewer_tab", "leave_session", "share",
 )
 
 _INT_FIELDS = ("created_ms", "seated_ms", "started_ms", "last_active_ms", "disconnected_ms", "ended_ms", "state_ms",
@@ -406,6 +407,49 @@ class LiveStore:
         """Mark the session left by its viewer's tab (``lua/leave_session.lua``): 1 marked, 0 not seated,
         -1 another tab holds the viewer."""
         return int(await self._run("leave_session", session_id, tab, now_ms))
+
+    # ---- share links (lua/share.lua); times are wall-clock ms, as token expiries are ----
+    async def create_share(self, session_id: str, share_id: str, record: dict[str, Any], ttl_ms: int,
+                           now_ms: int, max_shares: int) -> str:
+        """Add a share link: "ok", "not_live" (no such live session) or "too_many"."""
+        return _s(await self._run("share", "create", session_id, share_id, json.dumps(record), ttl_ms, now_ms,
+                                  max_shares))
+
+    async def revoke_shares(self, session_id: str, share_id: str | None,
+                            now_ms: int) -> tuple[str, list[str], list[str]]:
+        """Revoke one link (or every link when ``share_id`` is None): (status, share ids revoked, viewers
+        removed as "<share> <viewer>"); status "not_found" for a named link that never lived."""
+        res = await self._run("share", "revoke", session_id, share_id or "", now_ms)
+        return _s(res[0]), [_s(x) for x in res[1]], [_s(x) for x in res[2]]
+
+    async def shares(self, session_id: str, now_ms: int) -> dict[str, dict[str, Any]]:
+        """The session's live links (share id -> record) with ``viewers``: how many are connected now."""
+        raw = await self.redis.hgetall(self.keys.session_shares(session_id))
+        holds = await self.redis.zrangebyscore(self.keys.session_viewers(session_id), now_ms, "+inf")
+        out: dict[str, dict[str, Any]] = {}
+        for k, v in raw.items():
+            rec = json.loads(v)
+            if int(rec.get("expires_at", 0)) * 1000 > now_ms:
+                out[_s(k)] = {**rec, "viewers": 0}
+        for member in holds:
+            share = _s(member).split(" ", 1)[0]
+            if share in out:
+                out[share]["viewers"] += 1
+        return out
+
+    async def share_revoked(self, share_id: str) -> bool:
+        return bool(await self.redis.exists(self.keys.share_revoked(share_id)))
+
+    async def join_share(self, session_id: str, share_id: str, viewer_id: str, now_ms: int) -> str:
+        """Hold a viewer's place: "ok", "revoked" or "not_seated" (one step with revocation: no viewer
+        joins a link after its revocation took effect)."""
+        return _s(await self._run("share", "join", session_id, share_id, viewer_id, SHARE_VIEWER_TTL_MS, now_ms))
+
+    async def keep_share(self, session_id: str, share_id: str, viewer_id: str, now_ms: int) -> bool:
+        return bool(await self._run("share", "keep", session_id, share_id, viewer_id, SHARE_VIEWER_TTL_MS, now_ms))
+
+    async def leave_share(self, session_id: str, share_id: str, viewer_id: str) -> bool:
+        return bool(await self._run("share", "leave", session_id, share_id, viewer_id))
 
     async def reindex_pool(self, pool: str, now_ms: int) -> tuple[int, int]:
         """Rebuild one pool's placement index, counters and deadlines; returns (hosts, sessions) indexed."""

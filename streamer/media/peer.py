@@ -146,7 +146,6 @@ from broker.protocol import INPUT_CHANNEL_LABEL, PROBE_CHANNEL_LABEL
 from rbcommon.ice import advertise_host_addresses
 from rbcommon.udpports import NoFreePort, PortRange
 from streamer.desktop.inputs import ProbeAck, parse_input
-from streamer.desktop.inputsink import InputRouter
 from streamer.media.freezes import freeze_threshold_ms
 from streamer.media.pacedtransport import PacedTransport
 from streamer.media.pacer import PacerCounters, PacingQueue
@@ -763,6 +762,15 @@ class _FeedbackCollector:
 # --- the connection --------------------------------------------------------------------------
 
 
+class InputHandler(Protocol):
+    """Where a viewer's input-channel messages go: the session's ``InputRouter``, or a view-only viewer's
+    handler (``streamer.media.viewers.ViewOnlyInput``)."""
+
+    def handle(self, raw: str | bytes, reply: Callable[[dict[str, Any]], object]) -> None: ...
+
+    def release_all(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class PeerSettings:
     """ICE settings for a viewer connection."""
@@ -789,7 +797,7 @@ class ViewerPeer:
         self,
         settings: PeerSettings,
         track: MediaStreamTrack,
-        router: InputRouter,
+        router: InputHandler,
         *,
         target_bps: int,
         on_state: Callable[[ViewerPeer, str], None],

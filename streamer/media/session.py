@@ -121,6 +121,7 @@ from streamer.media.peer import (
 )
 from streamer.media.probe import PROBE_INTERVAL_MS, RecvWindow, SendLog
 from streamer.media.track import EncodedVideoTrack, FramePipeline
+from streamer.media.viewers import ShareViewers
 
 log = logging.getLogger(__name__)
 
@@ -433,6 +434,15 @@ class SessionRuntime:
         self._want_size: tuple[int, int] | None = None
         self._resize_task: asyncio.Task[None] | None = None
         self._encoder_lock = asyncio.Lock()  # one encoder change at a time (ladder steps, resizes)
+        # share-link viewers: view-only peers fed from the same encode; they cap the encoder's bitrate
+        self._share = ShareViewers(
+            spec.id,
+            PeerSettings(ice_servers=spec.ice_servers, advertise_addresses=config.advertise_addresses,
+                         playout_delay=config.playout_delay, udp_ports=config.udp_ports),
+            floor_bps=self._profile.min_bps, interval_s=config.stats_interval_ms / 1000.0,
+            on_keyframe_request=self._keyframe_requested, on_change=self._share_changed, lock=self._signal_lock,
+        )
+        self._owner_encoder_bps: int | None = None  # the owner's controller's encoder bitrate, before the viewers' cap
         self.resizes = 0  # screen resizes applied
 
     # -- public API ----------------------------------------------------------------------
@@ -502,6 +512,12 @@ class SessionRuntime:
                 log.info("session %s: ignoring signaling message of type %r", self.spec.id, kind)
         return []
 
+    async def handle_viewer_signal(self, viewer: str, role: str, msg: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """A share viewer's signaling message (``streamer.media.viewers``); the owner's viewer is untouched."""
+        async with self._signal_lock:
+            pipeline = self._pipeline if self._state == "running" else None
+            return await self._share.signal(viewer, role, msg, pipeline, self._encoder_bps or self._profile.start_bps)
+
     async def warn(self, code: str, detail: str, ends_in_s: int) -> None:
         """Tell the viewer (now, or when it next connects) that the session is about to end."""
         payload = {"t": NodeEventType.WARNING.value, "code": code, "detail": detail, "ends_in_s": int(ends_in_s)}
@@ -520,6 +536,10 @@ class SessionRuntime:
             "state": self._state,
             "connected": self._connected,
             "viewers": self._viewers,  # viewers that have connected so far
+            # share-link viewers now: id, role, connected, remb_bps, frames, frames_dropped, input_dropped by type
+            "share_viewers": self._share.stats(),
+            "share_viewers_joined": self._share.joined,  # share viewers answered so far
+            "share_input_dropped": self._share.input_refused,  # view-only input messages refused so far
             "fps": None,
             "target_fps": None,
             "frames": 0,
@@ -708,6 +728,7 @@ class SessionRuntime:
         if others or closing:
             await asyncio.wait([*others, *closing])
         async with self._signal_lock:
+            await self._share.close_all("stopped")
             await self._drop_peer("stopped")
         if self._pipeline is not None:
             pipeline, self._pipeline = self._pipeline, None
@@ -1116,7 +1137,9 @@ class SessionRuntime:
             )
         if self._pipeline is None:
             return
-        encoder_bps = media_bps(step.encoder_bps, self._retransmit_bps)
+        self._owner_encoder_bps = media_bps(step.encoder_bps, self._retransmit_bps)
+        encoder_bps = self._share.cap_bps(self._owner_encoder_bps)
+        self._share.set_target(encoder_bps, 1000.0 / step.ladder.rung.fps)
         if step.ladder.rung not in self._ladder.rungs:  # decided on an older screen size's ladder
             if self._controller is not None:
                 self._controller.set_ladder(self._ladder)
@@ -1139,6 +1162,18 @@ class SessionRuntime:
             )  # fmt: skip
             self._pipeline.set_bitrate(encoder_bps)
             self._encoder_bps = encoder_bps
+
+    def _share_changed(self) -> None:
+        """A share viewer connected, left or sent a new estimate: the encoder follows the cap at once."""
+        if self._pipeline is None or self._state != "running":
+            return
+        bps = self._share.cap_bps(self._owner_encoder_bps or self._encoder_bps or self._profile.start_bps)
+        if bps != self._encoder_bps:
+            log.info("session %s: encoder %s -> %d bps (%d share viewer(s))", self.spec.id, self._encoder_bps, bps,
+                     len(self._share))
+            self._pipeline.set_bitrate(bps)
+            self._encoder_bps = bps
+        self._share.set_target(bps, 1000.0 / self._pipeline.fps)
 
     def _note_feedback(self, remote: RemoteFeedback, send_rate: int | None, fraction_lost: int | None) -> None:
         self._send_rate_bps = send_rate

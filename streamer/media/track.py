@@ -32,6 +32,11 @@ Invariants:
   blocks on an event) or before the track's sender has started pulling (the
   thread only ticks);
 - the first packet a newly attached track receives is a keyframe;
+- one encode serves every viewer: besides the attached track (the owner's), ``add_follower``
+  tracks (share viewers) get the same packets.  A follower starts at a keyframe and, once behind
+  (its queue full), drops packets up to the next keyframe rather than block or slow the others;
+  a follower that waits for a keyframe asks the encoder for one at most every
+  ``FOLLOWER_KEYFRAME_INTERVAL_S`` (requests from several followers coalesce into one);
 - after ``close`` the thread has exited and every encoder the pipeline was
   given is closed (a grab hung for ``JOIN_TIMEOUT_S`` is logged as an error
   and its daemon thread left behind).
@@ -62,6 +67,9 @@ MAX_QUEUED_FRAMES: Final = 2  # packets a track may hold before the frame thread
 FPS_WINDOW_S: Final = 2.0  # measured fps = frames delivered over this many seconds / the window
 MAX_CONSECUTIVE_FAILURES: Final = 30  # grab/encode failures in a row before the pipeline gives up (1 s at 30 fps)
 MIN_FPS: Final = 1
+# a follower (share viewer) waiting for a keyframe asks for one at most this often, whatever their number
+FOLLOWER_KEYFRAME_INTERVAL_S: Final = 1.0
+FOLLOWER_MAX_QUEUED: Final = 4  # a share viewer's track holds a little more than the owner's before it drops
 JOIN_TIMEOUT_S: Final = 10.0  # close() waits this long for a frame in progress
 MAX_FPS: Final = 240
 LOAD_GAIN: Final = 1 / 8  # the frame load's moving average (PipelineStats.load): about 8 frames
@@ -148,6 +156,18 @@ class EncodedVideoTrack(MediaStreamTrack):
         self._last_transit_ms = transit_ms
 
 
+class Follower:
+    """A share viewer's track fed from the pipeline's encode (frame thread state, under the pipeline lock)."""
+
+    __slots__ = ("delivered", "dropped", "needs_keyframe", "track")
+
+    def __init__(self, track: EncodedVideoTrack) -> None:
+        self.track = track
+        self.needs_keyframe = True  # it starts (and restarts after falling behind) on a keyframe
+        self.delivered = 0  # packets handed to its track
+        self.dropped = 0  # packets it missed while behind or waiting for a keyframe
+
+
 @dataclass(frozen=True, slots=True)
 class PipelineStats:
     """What the frame thread did.  Times in milliseconds; fps measured over ``FPS_WINDOW_S``."""
@@ -215,6 +235,8 @@ class FramePipeline:
         self._wake = threading.Event()
         self._stopping = False  # (L)
         self._sink: EncodedVideoTrack | None = None  # (L)
+        self._followers: tuple[Follower, ...] = ()  # (L) replaced whole, so the thread reads a snapshot
+        self._follower_keyframe_s = 0.0  # frame thread: monotonic s of the last keyframe asked for followers
         self._pending_encoder: VideoEncoder | None = None  # (L) installed by the thread before the next frame
         self._pending_fps: int | None = None  # (L)
         self._pending_source: FrameSource | None = None  # (L) installed by the thread before the next frame
@@ -275,6 +297,19 @@ class FramePipeline:
         with self._lock:
             if track is None or self._sink is track:
                 self._sink = None
+        self._wake.set()
+
+    def add_follower(self, track: EncodedVideoTrack) -> Follower:
+        """Also deliver to ``track`` (a share viewer), from the next keyframe on; the returned record counts."""
+        follower = Follower(track)
+        with self._lock:
+            self._followers = (*self._followers, follower)
+        self._wake.set()
+        return follower
+
+    def remove_follower(self, track: EncodedVideoTrack) -> None:
+        with self._lock:
+            self._followers = tuple(f for f in self._followers if f.track is not track)
         self._wake.set()
 
     def replace_encoder(self, encoder: VideoEncoder) -> None:
@@ -348,6 +383,7 @@ class FramePipeline:
             self._stopping = True
             self._closed = True
             self._sink = None
+            self._followers = ()
         self._wake.set()
         if self._started and self._thread is not threading.current_thread():
             self._thread.join(JOIN_TIMEOUT_S)
@@ -381,6 +417,7 @@ class FramePipeline:
                 if self._stopping:
                     return
                 sink = self._sink
+                followers = self._followers
                 new_encoder, self._pending_encoder = self._pending_encoder, None
                 new_source, self._pending_source = self._pending_source, None
                 installed = self._source_installed
@@ -397,8 +434,8 @@ class FramePipeline:
             if new_encoder is not None:
                 old, self._encoder = self._encoder, new_encoder
                 old.close()  # the new encoder's first frame is a keyframe
-            if sink is None:
-                self._wake.wait()  # attach() or close() wakes us
+            if sink is None and not followers:
+                self._wake.wait()  # attach(), add_follower() or close() wakes us
                 next_tick = time.monotonic()
                 continue
             now = time.monotonic()
@@ -408,16 +445,18 @@ class FramePipeline:
             late = int((now - next_tick) / period_s)  # whole intervals we are behind: not made up
             self._skipped_late += late
             next_tick += (late + 1) * period_s
-            if not sink.wants_frame():
+            # the owner's sender paces the encode; with no owner, any follower able to take a frame does
+            if not (sink.wants_frame() if sink is not None else any(f.track.wants_frame() for f in followers)):
                 self._skipped_backpressure += 1
                 continue
-            if sink is not last_sink:
+            if sink is not None and sink is not last_sink:
                 self._encoder.request_keyframe()  # a new viewer's decoder starts here
                 self._measure_since = time.monotonic() - period_s
                 self._freezes.reset()  # a new viewer's stream starts with its first frame
                 last_sink = sink
+            self._ask_keyframe_for(followers)
             try:
-                self._produce(sink, period_s)
+                self._produce(sink, followers, period_s)
                 consecutive_failures = 0
             except Exception as exc:  # capture or codec error on one frame: retry, give up later
                 self._failures += 1
@@ -429,7 +468,30 @@ class FramePipeline:
                     self._fail(exc)
                     return
 
-    def _produce(self, sink: EncodedVideoTrack, period_s: float) -> None:
+    def _ask_keyframe_for(self, followers: tuple[Follower, ...]) -> None:
+        """A follower whose sender pulls and that waits for a keyframe: one request per interval for all."""
+        if not any(f.needs_keyframe and f.track.wants_frame() for f in followers):
+            return
+        now = time.monotonic()
+        if now - self._follower_keyframe_s >= FOLLOWER_KEYFRAME_INTERVAL_S:
+            self._follower_keyframe_s = now
+            self._encoder.request_keyframe()
+
+    @staticmethod
+    def _fan_out(packet: av.Packet[Any], followers: tuple[Follower, ...]) -> None:
+        """The packet to each follower that can take it; one behind waits for the next keyframe."""
+        for f in followers:
+            if f.needs_keyframe and not packet.is_keyframe:
+                f.dropped += 1
+            elif f.track.wants_frame():
+                f.track.put(packet)
+                f.needs_keyframe = False
+                f.delivered += 1
+            else:  # behind (or not pulling yet): a later P-frame would reference what it missed
+                f.needs_keyframe = True
+                f.dropped += 1
+
+    def _produce(self, sink: EncodedVideoTrack | None, followers: tuple[Follower, ...], period_s: float) -> None:
         t0 = time.perf_counter()
         frame = self._source.grab()
         t1 = time.perf_counter()
@@ -444,7 +506,9 @@ class FramePipeline:
         self._load += ((t2 - t0) / period_s - self._load) * LOAD_GAIN
         if packet is None:
             return  # the encoder invariant says this does not happen; nothing to send
-        sink.put(packet)
+        if sink is not None:
+            sink.put(packet)
+        self._fan_out(packet, followers)
         self._frames += 1
         delivered = time.monotonic()
         self._delivered_at.append(delivered)

@@ -49,6 +49,7 @@ import logging
 import os
 import ssl
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import aiohttp
@@ -520,15 +521,20 @@ class NodeAgent:
                 await rt.warn(cmd.get("code", "warning"), cmd.get("detail", ""), int(cmd.get("ends_in_s", 0)))
         elif kind == NodeCommand.SIGNAL:
             sid = str(cmd["session_id"])
-            task = asyncio.create_task(self._on_signal(ws, sid, cmd["msg"]), name=f"signal-{sid}")
+            viewer = cmd.get("viewer")
+            viewer = viewer if isinstance(viewer, str) and viewer else None  # a share link's viewer (view-only)
+            task = asyncio.create_task(self._on_signal(ws, sid, cmd["msg"], viewer, str(cmd.get("role", "view"))),
+                                       name=f"signal-{sid}")
             tasks = self._signals.setdefault(sid, set())
             tasks.add(task)
             task.add_done_callback(lambda t: self._signal_done(sid, t))
         elif kind == "error":
             log.warning("broker says: %s", cmd.get("detail"))
 
-    async def _on_signal(self, ws: aiohttp.ClientWebSocketResponse, sid: str, msg: Any) -> None:
-        """Apply one viewer signaling message and send the runtime's replies (a task of its own)."""
+    async def _on_signal(self, ws: aiohttp.ClientWebSocketResponse, sid: str, msg: Any, viewer: str | None = None,
+                         role: str = "view") -> None:
+        """Apply one signaling message (the owner's, or ``viewer``'s: a share link's) and send the runtime's
+        replies (a task of its own)."""
         task = self._starting.get(sid)
         if task is not None:
             with contextlib.suppress(Exception):
@@ -536,15 +542,18 @@ class NodeAgent:
         rt = self.sessions.get(sid)
         if rt is None:
             return
+        def handle() -> Awaitable[list[dict[str, Any]]]:
+            return rt.handle_viewer_signal(viewer, role, msg) if viewer else rt.handle_signal(msg)
+
         offer = isinstance(msg, dict) and msg.get("type") == SignalType.OFFER
         if not offer:
-            replies = await rt.handle_signal(msg)
+            replies = await handle()
         else:
-            log.info("session %s: offer received", sid)
+            log.info("session %s: offer received%s", sid, f" from viewer {viewer}" if viewer else "")
             t0 = time.monotonic()
             try:
                 async with asyncio.timeout(OFFER_TIMEOUT_S):
-                    replies = await rt.handle_signal(msg)
+                    replies = await handle()
             except TimeoutError:
                 log.warning("session %s: offer not answered in %g s: abandoned (the viewer offers again)", sid,
                             OFFER_TIMEOUT_S)
@@ -553,7 +562,8 @@ class NodeAgent:
             log.info("session %s: offer answered in %.0f ms (%s)", sid, (time.monotonic() - t0) * 1000,
                      first.get("code") or first.get("type") or "no reply")
         for reply in replies:
-            await ws.send_json({"cmd": NodeCommand.SIGNAL.value, "session_id": sid, "msg": reply})
+            await ws.send_json({"cmd": NodeCommand.SIGNAL.value, "session_id": sid, "msg": reply,
+                                **({"viewer": viewer} if viewer else {})})
 
     def _signal_done(self, sid: str, task: asyncio.Task[None]) -> None:
         tasks = self._signals.get(sid)

@@ -24,7 +24,13 @@ from aiortc.mediastreams import MediaStreamError
 from encoder import EncoderConfig, VideoEncoder, backend_by_name
 from encoder.pattern import moving_pattern
 from streamer.desktop.capture import CaptureError, CaptureStats, bgra_frame
-from streamer.media.track import MAX_CONSECUTIVE_FAILURES, MAX_QUEUED_FRAMES, EncodedVideoTrack, FramePipeline
+from streamer.media.track import (
+    FOLLOWER_MAX_QUEUED,
+    MAX_CONSECUTIVE_FAILURES,
+    MAX_QUEUED_FRAMES,
+    EncodedVideoTrack,
+    FramePipeline,
+)
 from streamer.media.track import merge_frame_packets as merge
 from tests.streamer.viewer import until
 
@@ -254,3 +260,50 @@ async def test_encoder_errors_and_send_freezes_are_counted() -> None:
         assert pipe.stats().freezes >= before + 1
     finally:
         await asyncio.to_thread(pipe.close)
+
+
+async def test_one_encode_feeds_the_owner_and_followers_alike(pipeline: Any) -> None:
+    """Followers (share viewers) get the owner's packets from a keyframe on; one that falls behind skips to
+    the next keyframe (asked for it) without holding the others; a follower alone keeps the encode going."""
+    pipe, source = pipeline
+    owner = EncodedVideoTrack()
+    pipe.attach(owner)
+    seen: dict[int, bytes] = {}
+
+    async def drain(track: EncodedVideoTrack, into: dict[int, bytes]) -> None:
+        while True:
+            p = await track.recv()
+            into[p.pts] = bytes(p)
+
+    owner_task = asyncio.create_task(drain(owner, seen))
+    try:
+        await until(lambda: len(seen) >= 3, "the owner got no frames")
+        a, b = EncodedVideoTrack(FOLLOWER_MAX_QUEUED), EncodedVideoTrack(FOLLOWER_MAX_QUEUED)
+        fa, fb = pipe.add_follower(a), pipe.add_follower(b)
+        got_b = await receive(b, 4)
+        a_seen: dict[int, bytes] = {}
+        a_task = asyncio.create_task(drain(a, a_seen))
+        got_b += await receive(b, 6)
+        assert got_b[0].is_keyframe  # asked for: the follower pulled, waiting for a keyframe
+        await until(lambda: max(seen) >= got_b[-1].pts, "the owner fell behind")
+        # the owner saw the same frames (same pts, same bytes)
+        assert all(seen[p.pts] == bytes(p) for p in got_b)
+        assert len(decode(got_b)) == len(got_b)  # decodable on its own, starting where it started
+        # b stops pulling: it falls behind and is dropped to, while the owner and a go on
+        dropped, owner_frames, a_frames = fb.dropped, len(seen), len(a_seen)
+        await until(lambda: len(seen) >= owner_frames + 10 and len(a_seen) >= a_frames + 10, "a and the owner stalled")
+        assert fb.dropped > dropped and fb.needs_keyframe
+        again = await receive(b, 3 + FOLLOWER_MAX_QUEUED)  # what it had queued, then a fresh start on a keyframe
+        assert any(p.is_keyframe for p in again[1:])
+        assert all(seen[p.pts] == bytes(p) for p in again if p.pts in seen)
+        # the owner leaves: the followers alone keep the encode going
+        owner_task.cancel()
+        pipe.detach(owner)
+        grabs, a_frames = source.grabs, len(a_seen)
+        await until(lambda: len(a_seen) >= a_frames + 5, "a follower alone got no frames")
+        assert source.grabs > grabs and fa.delivered > 10
+        a_task.cancel()
+        pipe.remove_follower(a)
+        pipe.remove_follower(b)
+    finally:
+        owner_task.cancel()
