@@ -1,6 +1,7 @@
 // Viewer input -> data-channel messages (broker/protocol.py InputType): keyboard by
 // KeyboardEvent.code, or as text ("tx") where the user's layout types another character than the remote
-// US layout would (web/keys.js routeKey) and for dead-key / IME compositions, pointer as 0..1 coordinates of the video picture (letterboxing respected),
+// US layout would (web/keys.js routeKey; never in game pools, where the key's place is what counts) and
+// for dead-key / IME compositions, pointer as 0..1 coordinates of the video picture (letterboxing respected),
 // relative motion while the pointer is locked ("pr": movementX/Y summed per animation frame),
 // buttons, wheel notches, gamepads (polled, sent on change), clipboard paste, viewport resize.
 //
@@ -173,8 +174,9 @@ export class InputController {
     if (!this.o.active() || this.isLocal(e.target)) return;
     if (e.isComposing || e.keyCode === 229) return; // the IME owns this key; its text comes with compositionend
     const altGraph = Boolean(e.getModifierState && e.getModifierState("AltGraph"));
-    const route = routeKey({ key: e.key, code: e.code, shiftKey: e.shiftKey, ctrlKey: e.ctrlKey, altKey: e.altKey,
-                             metaKey: e.metaKey, altGraph });
+    let route = routeKey({ key: e.key, code: e.code, shiftKey: e.shiftKey, ctrlKey: e.ctrlKey, altKey: e.altKey,
+                           metaKey: e.metaKey, altGraph });
+    if (route.kind !== "code" && e.code && this.o.gameMode()) route = { kind: "code", code: e.code }; // WASD by place
     if (route.kind === "none") return; // a dead key: the browser composes, the result comes as text
     if (route.kind === "text") { e.preventDefault(); this.sendText(route.text); return; } // repeats type again
     if (e.repeat) { e.preventDefault(); return; } // the remote side auto-repeats held keys itself
