@@ -23,7 +23,7 @@ API_PREFIX: Final = "/api/v1"
 # data channels).  Raised by one for every change a client can observe, compatible additions
 # included; docs/protocol.md's change log says what changed and whether it breaks old clients.
 # tests/web/test_protocol_doc.py checks that the document states this number.
-PROTOCOL_VERSION: Final = 6
+PROTOCOL_VERSION: Final = 7
 
 
 class SessionState(StrEnum):
@@ -170,6 +170,9 @@ class InputType(StrEnum):
     KEY = "k"  # {"t":"k","c":"KeyA","d":true|false} KeyboardEvent.code
     GAMEPAD = "gp"  # {"t":"gp","i":0..3,"ax":[-1..1]*<=8,"bt":[0..1]*<=17}
     CLIPBOARD = "cb"  # {"t":"cb","text":"..."} <= CLIPBOARD_MAX_CHARS
+    # {"t":"tx","text":"é"}: characters to type (a key whose character differs from the remote US layout,
+    # an IME or dead-key commit), 1..TEXT_MAX_CHARS printable code points, typed whatever keys are held
+    TEXT = "tx"
     RESIZE = "rs"  # {"t":"rs","w":...,"h":...} viewport size in pixels
     PING = "ping"  # {"t":"ping","id":n,"ts":ms} -> node answers "pong"
     # {"t":"pa","id":n,"rx":packets,"rx_ms":ms,"fd":frames}: the answer to a "probe", on
@@ -212,6 +215,7 @@ GAMEPAD_MAX_INDEX: Final = 3
 POINTER_MAX_BUTTON: Final = 5
 POINTER_MAX_DELTA: Final = 4096  # px per "pr" message and axis; the viewer clamps, the node refuses more
 WHEEL_MAX_NOTCHES: Final = 10
+TEXT_MAX_CHARS: Final = 256  # code points per "tx" message; the node also limits characters per second
 VIEWER_STATS_MAX_SAMPLES: Final = 64  # glass-to-glass samples per "vs" message; a longer list is dropped
 VIEWER_STATS_INTERVAL_MS: Final = 2000  # how often the web client sends "vs" (when it has samples)
 

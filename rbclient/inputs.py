@@ -12,6 +12,7 @@ Pure: no I/O, no clock.  Invariant: every message returned passes the node's par
 from __future__ import annotations
 
 import math
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from broker.protocol import (
     GAMEPAD_MAX_INDEX,
     POINTER_MAX_BUTTON,
     POINTER_MAX_DELTA,
+    TEXT_MAX_CHARS,
     WHEEL_MAX_NOTCHES,
     InputType,
 )
@@ -89,6 +91,17 @@ def clipboard(text: str) -> Message:
     if not isinstance(text, str) or len(text) > CLIPBOARD_MAX_CHARS:
         raise ValueError(f"clipboard text must be a string of at most {CLIPBOARD_MAX_CHARS} characters")
     return {"t": InputType.CLIPBOARD.value, "text": text}
+
+
+def text(chars: str) -> Message:
+    """``{"t":"tx"}``: characters typed as characters whatever the remote layout (protocol version 6):
+    1..``TEXT_MAX_CHARS`` code points, no control characters (send Enter or Tab with ``key``)."""
+    if not isinstance(chars, str) or not 0 < len(chars) <= TEXT_MAX_CHARS:
+        raise ValueError(f"text must be a string of 1..{TEXT_MAX_CHARS} characters, not {chars!r:.40}")
+    for char in chars:
+        if unicodedata.category(char) in ("Cc", "Cs"):
+            raise ValueError(f"text must be printable: U+{ord(char):04X} is a control character or a surrogate")
+    return {"t": InputType.TEXT.value, "text": chars}
 
 
 def ping(ping_id: int, ts_ms: float) -> Message:

@@ -330,6 +330,10 @@ class Stream:
     def key(self, code: str, down: bool) -> bool:
         return self.send(inputs.key(code, down))
 
+    def text(self, chars: str) -> bool:
+        """Type ``chars`` as characters (``tx``), whatever the remote layout: accents, kana, emoji."""
+        return self.send(inputs.text(chars))
+
     def pointer_move(self, x: float, y: float) -> bool:
         """Absolute pointer position, 0..1 of the picture."""
         return self.send(self.pointer.move_to(x, y))

@@ -116,6 +116,8 @@ const input = new InputController({
   toggleStats: () => toggleStats(),
   streaming: () => app.view === "stream",
   hint: (text) => hint(text),
+  sink: $("#kbd-sink"),
+  touch: () => touchPrimary(),
 });
 const TAB = tabId();
 const tabGate = new TabGate($("#elsewhere"), () => { if (app.session) connect({ takeover: true }); });
@@ -453,7 +455,7 @@ function watchFirstFrame() {
     step("frame", "done");
     show("stream");
     share.refresh();
-    video.focus({ preventScroll: true });
+    input.focus();
     hint(app.pool && app.pool.kind === PoolKind.GAME ? "Click the video to capture the mouse · Esc releases it · F8 shows stats"
       : "F8 shows stats · paste with Ctrl+V sends your clipboard");
     if (touchPrimary()) hint(TOUCH_HINT); // a phone or tablet: no mouse, no F8
@@ -673,7 +675,7 @@ async function toggleFullscreen() {
   } catch (err) {
     toast(`Fullscreen refused: ${err.message}`);
   }
-  video.focus({ preventScroll: true });
+  input.focus();
 }
 
 function wire() {
@@ -701,8 +703,8 @@ function wire() {
   $("#signout").addEventListener("click", signOut);
   $("#pools-refresh").addEventListener("click", showPools);
   for (const id of ["#queue-leave", "#starting-cancel", "#reconnect-end"]) $(id).addEventListener("click", endSession);
-  $("#btn-end").addEventListener("click", () => { video.focus(); endSession(); });
-  $("#btn-stats").addEventListener("click", () => { toggleStats(); video.focus(); });
+  $("#btn-end").addEventListener("click", () => { input.focus(); endSession(); });
+  $("#btn-stats").addEventListener("click", () => { toggleStats(); input.focus(); });
   $("#btn-fullscreen").addEventListener("click", toggleFullscreen);
   $("#ended-again").addEventListener("click", () => { hideWarning(); setSession(null); showPools(); });
   $("#banner-close").addEventListener("click", hideWarning);

@@ -1,5 +1,7 @@
 // Viewer input -> data-channel messages (broker/protocol.py InputType): keyboard by
-// KeyboardEvent.code, pointer as 0..1 coordinates of the video picture (letterboxing respected),
+// KeyboardEvent.code, or as text ("tx") where the user's layout types another character than the remote
+// US layout would (web/keys.js routeKey; never in game pools, where the key's place is what counts) and
+// for dead-key / IME compositions, pointer as 0..1 coordinates of the video picture (letterboxing respected),
 // relative motion while the pointer is locked ("pr": movementX/Y summed per animation frame),
 // buttons, wheel notches, gamepads (polled, sent on change), clipboard paste, viewport resize.
 //
@@ -11,12 +13,18 @@
 // channel has a backlog (never keys or buttons: those are state changes and must all arrive).
 // Relative motion is summed, never dropped: a backlog only makes the next "pr" carry more.
 // Invariant: every key or button reported down is reported up, also on blur, hidden tab or teardown.
+//
+// Focus: while streaming, the keyboard focus sits on a hidden text field (`o.sink`, #kbd-sink) rather than
+// on the video, so the browser's IME and dead keys have somewhere to compose; what they commit
+// (compositionend, or an "input" of type insertText) goes as text and the field is emptied.  On touch
+// devices the video keeps the focus (a focused text field would open the system keyboard).
 
 import {
   CLIPBOARD_MAX_CHARS, GAMEPAD_MAX_AXES, GAMEPAD_MAX_BUTTONS, GAMEPAD_MAX_INDEX, InputType, POINTER_MAX_BUTTON,
   POINTER_MAX_DELTA,
 } from "./protocol.js";
 import { clamp, contentRect, gamepadMessage, relativePoint, wheelNotches } from "./calc.js";
+import { routeKey, textChunks } from "./keys.js";
 
 const MOVE_BACKLOG_BYTES = 8 * 1024; // skip pointer moves while this much input waits in the channel
 const PASTE_KEY_WAIT_MS = 150; // hold Ctrl+V's key-down until the clipboard text went first
@@ -50,10 +58,12 @@ export class InputController {
    * @param {() => void} o.toggleStats  F8 / Ctrl+Shift+S while streaming
    * @param {() => boolean} o.streaming  the stream view is shown (stats toggle works even offline)
    * @param {(text: string) => void} o.hint  a short on-screen hint
+   * @param {HTMLTextAreaElement} [o.sink]  hidden field holding the keyboard focus while streaming (IME)
+   * @param {() => boolean} [o.touch]  true on touch-first devices: the video keeps the focus
    */
   constructor(o) {
     this.o = o;
-    this.keys = new Set();
+    this.keys = new Map(); // KeyboardEvent.code pressed -> the code sent for it (shortcuts follow the letter)
     this.buttons = new Set();
     this.pendingPaste = null; // {code, timer}
     this.pendingMove = null;
@@ -69,6 +79,11 @@ export class InputController {
     document.addEventListener("keydown", (e) => this.onKeyDown(e), { capture: true });
     document.addEventListener("keyup", (e) => this.onKeyUp(e), { capture: true });
     document.addEventListener("paste", (e) => this.onPaste(e));
+    const sink = this.o.sink;
+    if (sink) {
+      sink.addEventListener("compositionend", (e) => this.onCompositionEnd(e));
+      sink.addEventListener("input", (e) => this.onSinkInput(e));
+    }
     // locked, the events target the video and bubble to the document: take each one once
     v.addEventListener("mousemove", (e) => { if (document.pointerLockElement !== v) this.onMouseMove(e); });
     document.addEventListener("mousemove", (e) => { if (document.pointerLockElement === v) this.onMouseMove(e); });
@@ -103,16 +118,43 @@ export class InputController {
   /** Release every key and button reported down (focus loss must not leave input stuck remotely). */
   releaseAll() {
     if (this.pendingPaste) { clearTimeout(this.pendingPaste.timer); this.pendingPaste = null; }
-    for (const c of this.keys) this.o.send({ t: InputType.KEY, c, d: false });
+    for (const c of this.keys.values()) this.o.send({ t: InputType.KEY, c, d: false });
     this.keys.clear();
     for (const b of this.buttons) this.o.send({ t: InputType.POINTER_BUTTON, b, d: false });
     this.buttons.clear();
   }
 
   // ---- keyboard ----------------------------------------------------------------------------
-  keyDown(code) {
-    this.keys.add(code);
-    this.o.send({ t: InputType.KEY, c: code, d: true });
+  /** Give the keyboard focus to the stream: the hidden text field (IME), or the video on touch devices. */
+  focus() {
+    const touch = this.o.touch ? this.o.touch() : false;
+    (this.o.sink && !touch ? this.o.sink : this.o.video).focus({ preventScroll: true });
+  }
+
+  /** A target whose keys stay on the page; the stream's own hidden field is not one. */
+  isLocal(t) {
+    return t !== this.o.sink && localTarget(t);
+  }
+
+  keyDown(code, sent = code) {
+    this.keys.set(code, sent);
+    this.o.send({ t: InputType.KEY, c: sent, d: true });
+  }
+
+  sendText(text) {
+    for (const chunk of textChunks(text)) this.o.send({ t: InputType.TEXT, text: chunk });
+  }
+
+  onCompositionEnd(e) {
+    if (this.o.active() && e.data) this.sendText(e.data);
+    this.o.sink.value = "";
+  }
+
+  onSinkInput(e) {
+    if (e.isComposing) return; // the IME is still composing: its text comes with compositionend
+    // text inserted without a key we sent (on-screen keyboards, dictation, DevTools' Input.insertText)
+    if (e.inputType === "insertText" && e.data && this.o.active()) this.sendText(e.data);
+    this.o.sink.value = "";
   }
 
   flushPasteKey() {
@@ -129,7 +171,14 @@ export class InputController {
       if (!e.repeat) this.o.toggleStats();
       return;
     }
-    if (!this.o.active() || localTarget(e.target)) return;
+    if (!this.o.active() || this.isLocal(e.target)) return;
+    if (e.isComposing || e.keyCode === 229) return; // the IME owns this key; its text comes with compositionend
+    const altGraph = Boolean(e.getModifierState && e.getModifierState("AltGraph"));
+    let route = routeKey({ key: e.key, code: e.code, shiftKey: e.shiftKey, ctrlKey: e.ctrlKey, altKey: e.altKey,
+                           metaKey: e.metaKey, altGraph });
+    if (route.kind !== "code" && e.code && this.o.gameMode()) route = { kind: "code", code: e.code }; // WASD by place
+    if (route.kind === "none") return; // a dead key: the browser composes, the result comes as text
+    if (route.kind === "text") { e.preventDefault(); this.sendText(route.text); return; } // repeats type again
     if (e.repeat) { e.preventDefault(); return; } // the remote side auto-repeats held keys itself
     if (isPasteShortcut(e)) {
       // No preventDefault: the browser must fire 'paste' so the clipboard text reaches the remote
@@ -139,20 +188,21 @@ export class InputController {
       return;
     }
     e.preventDefault();
-    this.keyDown(e.code);
+    this.keyDown(e.code, route.code);
   }
 
   onKeyUp(e) {
     if (this.o.streaming() && isStatsToggle(e)) { e.preventDefault(); return; }
     if (this.pendingPaste && this.pendingPaste.code === e.code) this.flushPasteKey();
-    if (!this.keys.has(e.code)) return;
+    const sent = this.keys.get(e.code);
+    if (sent === undefined) return;
     e.preventDefault();
     this.keys.delete(e.code);
-    this.o.send({ t: InputType.KEY, c: e.code, d: false });
+    this.o.send({ t: InputType.KEY, c: sent, d: false });
   }
 
   onPaste(e) {
-    if (!this.o.active() || localTarget(e.target)) return;
+    if (!this.o.active() || this.isLocal(e.target)) return;
     const text = e.clipboardData ? e.clipboardData.getData("text/plain") : "";
     e.preventDefault();
     if (text) this.o.send({ t: InputType.CLIPBOARD, text: text.slice(0, CLIPBOARD_MAX_CHARS) });
@@ -200,7 +250,7 @@ export class InputController {
   onMouseDown(e) {
     if (!this.o.active()) return;
     const v = this.o.video;
-    v.focus({ preventScroll: true });
+    this.focus();
     e.preventDefault();
     const locked = document.pointerLockElement === v;
     if (this.o.gameMode() && !locked) this.requestLock();

@@ -11,7 +11,7 @@
 export const API_PREFIX = "/api/v1";
 
 // the client protocol version docs/protocol.md describes
-export const PROTOCOL_VERSION = 6;
+export const PROTOCOL_VERSION = 7;
 
 // ---- session lifecycle --------------------------------------------------------------
 
@@ -121,6 +121,7 @@ export const InputType = Object.freeze({
   "KEY": "k",
   "GAMEPAD": "gp",
   "CLIPBOARD": "cb",
+  "TEXT": "tx",
   "RESIZE": "rs",
   "PING": "ping",
   "PROBE_ACK": "pa",
@@ -148,6 +149,7 @@ export const GAMEPAD_MAX_INDEX = 3;
 export const POINTER_MAX_BUTTON = 5;
 export const POINTER_MAX_DELTA = 4096;
 export const WHEEL_MAX_NOTCHES = 10;
+export const TEXT_MAX_CHARS = 256;
 export const VIEWER_STATS_MAX_SAMPLES = 64;
 export const VIEWER_STATS_INTERVAL_MS = 2000;
 

@@ -13,40 +13,25 @@
 // Keyboard: touch devices have no physical keys, so the "Keyboard" button focuses a hidden text
 // input; the system keyboard opens, and what it types arrives as "input" events (text) and keydowns
 // (Enter, Backspace, ...), sent as key presses of a US layout ("k"; uppercase and shifted symbols with
-// ShiftLeft).  The input is emptied after each event, so nothing accumulates in it.
+// ShiftLeft); characters a US layout has no key for (accents, emoji, kana) go as text ("tx").  The input is emptied after each event, so nothing accumulates in it.
 //
 // Invariant: a button this module pressed is released on touchend, touchcancel, a second finger, blur,
 // a hidden tab and releaseAll().
 
 import { InputType, WHEEL_MAX_NOTCHES } from "./protocol.js";
 import { clamp, contentRect, relativePoint } from "./calc.js";
+import { keyForChar, textChunks } from "./keys.js";
+
+export { keyForChar };
 
 export const TOUCH_HINT = "Tap clicks · drag holds the button · two fingers scroll · Keyboard types";
 export const TAP_SLOP_PX = 10; // finger travel (CSS px) under which a touch is a tap
 export const TOUCH_PX_PER_NOTCH = 40; // two-finger travel per wheel notch
 const MIN_NOTCHES = 0.25; // the smallest wheel message a two-finger drag sends
 
-// US layout: character -> [KeyboardEvent.code, shift]
-const US_SHIFTED = { "!": "Digit1", "@": "Digit2", "#": "Digit3", "$": "Digit4", "%": "Digit5", "^": "Digit6",
-  "&": "Digit7", "*": "Digit8", "(": "Digit9", ")": "Digit0", "_": "Minus", "+": "Equal", "{": "BracketLeft",
-  "}": "BracketRight", "|": "Backslash", ":": "Semicolon", "\"": "Quote", "<": "Comma", ">": "Period",
-  "?": "Slash", "~": "Backquote" };
-const US_PLAIN = { " ": "Space", "-": "Minus", "=": "Equal", "[": "BracketLeft", "]": "BracketRight",
-  "\\": "Backslash", ";": "Semicolon", "'": "Quote", ",": "Comma", ".": "Period", "/": "Slash", "`": "Backquote",
-  "\n": "Enter", "\t": "Tab" };
 // keys the on-screen keyboard reports as keydown rather than as text
 const OSK_KEYS = new Set(["Enter", "Backspace", "Tab", "Escape", "ArrowLeft", "ArrowRight", "ArrowUp", "ArrowDown",
   "Delete", "Home", "End"]);
-
-/** The key presses that type `ch` on a US layout: {code, shift}, or null for a character it has no key for. */
-export function keyForChar(ch) {
-  if (/^[a-z]$/.test(ch)) return { code: `Key${ch.toUpperCase()}`, shift: false };
-  if (/^[A-Z]$/.test(ch)) return { code: `Key${ch}`, shift: true };
-  if (/^[0-9]$/.test(ch)) return { code: `Digit${ch}`, shift: false };
-  if (Object.hasOwn(US_PLAIN, ch)) return { code: US_PLAIN[ch], shift: false };
-  if (Object.hasOwn(US_SHIFTED, ch)) return { code: US_SHIFTED[ch], shift: true };
-  return null;
-}
 
 /** True where the primary pointer is a finger (phones, tablets; not a laptop that also has a touch screen). */
 export function touchPrimary() {
@@ -194,10 +179,16 @@ export class TouchController {
     osk.value = "";
     if (!this.o.active()) return;
     if (e.inputType === "deleteContentBackward") { this.press("Backspace", false); return; }
+    let other = ""; // characters with no US key, sent as text in order with the keys around them
+    const flush = () => {
+      for (const chunk of textChunks(other)) this.o.send({ t: InputType.TEXT, text: chunk });
+      other = "";
+    };
     for (const ch of text) {
       const k = keyForChar(ch);
-      if (k) this.press(k.code, k.shift);
+      if (k) { flush(); this.press(k.code, k.shift); } else other += ch;
     }
+    flush();
   }
 }
 

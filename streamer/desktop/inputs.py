@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from broker.protocol import (
     GAMEPAD_MAX_INDEX,
     POINTER_MAX_BUTTON,
     POINTER_MAX_DELTA,
+    TEXT_MAX_CHARS,
     VIEWER_STATS_MAX_SAMPLES,
     WHEEL_MAX_NOTCHES,
     InputType,
@@ -69,6 +71,7 @@ class DropReason(StrEnum):
     BAD_FIELD_TYPE = "bad_field_type"  # e.g. a string where a number belongs
     OUT_OF_RANGE = "out_of_range"  # a number or a length past the protocol limit
     UNKNOWN_KEY = "unknown_key"  # a KeyboardEvent.code with no keysym here
+    BAD_TEXT = "bad_text"  # "tx" text that is empty or holds a control character or a lone surrogate
 
 
 # --- events -----------------------------------------------------------------------
@@ -142,6 +145,14 @@ class Clipboard:
 
 
 @dataclass(frozen=True, slots=True)
+class Text:
+    """Characters to type as characters (not keys): 1..TEXT_MAX_CHARS printable code points."""
+
+    TYPE: ClassVar[InputType] = InputType.TEXT
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class Resize:
     """The viewer's viewport in pixels; the runtime decides whether to follow it."""
 
@@ -187,7 +198,7 @@ class ViewerStats:
 
 
 InputEvent = (
-    PointerMove | PointerRelative | PointerButton | Wheel | Key | Gamepad | Clipboard | Resize | Ping | ProbeAck
+    PointerMove | PointerRelative | PointerButton | Wheel | Key | Gamepad | Clipboard | Text | Resize | Ping | ProbeAck
     | ViewerStats
 )
 
@@ -328,6 +339,17 @@ def _string(msg: dict[str, object], name: str, max_chars: int) -> str:
     return value
 
 
+def _text(msg: dict[str, object], name: str) -> str:
+    text = _string(msg, name, TEXT_MAX_CHARS)
+    if not text:
+        raise _Drop(DropReason.BAD_TEXT, f"{name!r} is empty")
+    for char in text:
+        # Cc (controls: keys such as Enter or Tab go as "k"), Cs (a lone surrogate JSON let through)
+        if unicodedata.category(char) in ("Cc", "Cs"):
+            raise _Drop(DropReason.BAD_TEXT, f"{name!r} holds U+{ord(char):04X}, not a printable character")
+    return text
+
+
 def _number_list(msg: dict[str, object], name: str, max_len: int, lo: float, hi: float) -> tuple[float, ...]:
     value = _field(msg, name)
     if not isinstance(value, list):
@@ -373,6 +395,8 @@ def _parse_object(msg: dict[str, object]) -> InputEvent:
             )
         case InputType.CLIPBOARD:
             return Clipboard(text=_string(msg, "text", CLIPBOARD_MAX_CHARS))
+        case InputType.TEXT:
+            return Text(text=_text(msg, "text"))
         case InputType.RESIZE:
             return Resize(
                 width=_integer(msg, "w", RESIZE_MIN_PX, RESIZE_MAX_WIDTH_PX),

@@ -5,8 +5,9 @@ motion (0..1 coordinates scaled to the current screen size), relative motion
 (XTEST relative MotionNotify: the server moves the pointer by ``dx, dy`` pixels
 and clamps it to the screen, as a real mouse does), buttons, wheel
 notches (X buttons 4/5 vertical, 6/7 horizontal), keys (keysym -> keycode
-through the display's own keymap) and, when ``xclip`` is installed, the
-CLIPBOARD selection.  Gamepad, resize and ping events are not X input: the
+through the display's own keymap), text (each character's keysym bound to a
+spare keycode with ChangeKeyboardMapping, then pressed: the xdotool technique)
+and, when ``xclip`` is installed, the CLIPBOARD selection.  Gamepad, resize and ping events are not X input: the
 session runtime routes them (``inject`` returns False for them).
 
 Concurrency model: blocking; one ``XInjector`` (one X connection) per session,
@@ -22,6 +23,13 @@ Invariants:
 - The server's key autorepeat is switched off by default: the browser already
   repeats held keys (repeated keydowns), and server repeat on top would double
   them and keep repeating through a network stall.
+- Text never changes a keycode the keymap already uses: characters go on spare
+  keycodes (no keysym at open), kept bound while the session types (an app
+  reads a key press with the keymap of the moment it handles it, so unbinding
+  right after the release could turn a queued press into nothing) and reused
+  least recently used first; ``close()`` unbinds them.  ``key()`` never picks
+  a spare keycode.  While text is typed, held Control/Alt/Super/AltGr keys are
+  lifted (xdotool's --clearmodifiers) so "€" typed with AltGr is not Alt+€.
 - Viewer button numbers are ``MouseEvent.button + 1`` (1 left, 2 middle,
   3 right, 4 back, 5 forward), mapped to X buttons 1, 2, 3, 8, 9.
 """
@@ -32,8 +40,9 @@ import logging
 import math
 import shutil
 import subprocess
-from collections import Counter
-from collections.abc import Sequence
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -42,7 +51,16 @@ from Xlib import display as xdisplay
 from Xlib.error import DisplayError as XDisplayError
 from Xlib.ext import xtest
 
-from streamer.desktop.inputs import Clipboard, InputEvent, Key, PointerButton, PointerMove, PointerRelative, Wheel
+from streamer.desktop.inputs import (
+    Clipboard,
+    InputEvent,
+    Key,
+    PointerButton,
+    PointerMove,
+    PointerRelative,
+    Text,
+    Wheel,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +68,27 @@ log = logging.getLogger(__name__)
 X_BUTTONS: Final = {1: 1, 2: 2, 3: 3, 4: 8, 5: 9}
 WHEEL_UP, WHEEL_DOWN, WHEEL_LEFT, WHEEL_RIGHT = 4, 5, 6, 7  # X core buttons
 CLIPBOARD_TIMEOUT_S: Final = 5.0  # xclip reads stdin and forks; it returns at once when healthy
+# Text budget (characters): a burst as long as a pasted-sized IME commit, then a fast typist's pace x 20.
+TEXT_BURST_CHARS: Final = 512
+TEXT_RATE_CHARS_S: Final = 256.0
+# A spare keycode pressed more recently than this is not rebound yet: the app may not have read that press.
+REBIND_GRACE_S: Final = 0.05
+# Held while text is typed, these would turn a character into a shortcut: lifted for the text, pressed again.
+CLEARED_MODIFIERS: Final = frozenset({
+    0xFFE3, 0xFFE4,  # Control_L, Control_R
+    0xFFE9, 0xFFEA,  # Alt_L, Alt_R
+    0xFFE7, 0xFFE8,  # Meta_L, Meta_R
+    0xFFEB, 0xFFEC,  # Super_L, Super_R
+    0xFE03, 0xFF7E,  # ISO_Level3_Shift (AltGr), Mode_switch
+})  # fmt: skip
+
+
+def keysym_for_char(char: str) -> int:
+    """X keysym of one character: Latin-1 keysyms are the code point, the rest 0x01000000 + code point."""
+    code = ord(char)
+    if 0x20 <= code <= 0x7E or 0xA0 <= code <= 0xFF:
+        return code
+    return 0x01000000 + code
 
 
 class InjectError(Exception):
@@ -73,6 +112,7 @@ class XInjector:
         *,
         server_autorepeat: bool = False,
         clipboard_command: Sequence[str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """Open a connection; ``clipboard_command`` defaults to xclip when it is on PATH."""
         self.display_name = display_name
@@ -95,7 +135,16 @@ class XInjector:
             xclip = shutil.which("xclip")
             clipboard_command = (xclip, "-selection", "clipboard", "-in") if xclip else ()
         self._clipboard_command = tuple(clipboard_command)
-        self._keys_down: set[int] = set()  # keycodes
+        self._keys_down: dict[int, int] = {}  # keycode -> keysym it was pressed for
+        first = self._dpy.display.info.min_keycode
+        mapping = self._dpy.get_keyboard_mapping(first, self._dpy.display.info.max_keycode - first + 1)
+        # Keycodes with no keysym: where text characters get bound (the xdotool technique).
+        self._spare = tuple(first + i for i, syms in enumerate(mapping) if not any(syms))
+        self._bound: OrderedDict[int, int] = OrderedDict()  # keysym -> spare keycode, least recently used first
+        self._pressed_at: dict[int, float] = {}  # spare keycode -> when text last pressed it (clock)
+        self._clock = clock
+        self._text_budget = float(TEXT_BURST_CHARS)
+        self._text_at = clock()
         self._buttons_down: set[int] = set()  # X buttons
         self._wheel_rest = [0.0, 0.0]  # fractional notches carried to the next event (x, y)
         self._injected: Counter[str] = Counter()
@@ -151,6 +200,8 @@ class XInjector:
             return self.key(event.keysym, event.down)
         elif isinstance(event, Clipboard):
             return self.set_clipboard(event.text)
+        elif isinstance(event, Text):
+            return self.type_text(event.text)
         else:
             self._skipped[f"not_x_input:{event.TYPE}"] += 1
             return False
@@ -202,15 +253,79 @@ class XInjector:
     def key(self, keysym: int, down: bool) -> bool:
         """Press or release the key that produces ``keysym``; False if the keymap has none."""
         self._drain_events()
-        keycode = self._dpy.keysym_to_keycode(keysym)
+        # the keymap's own key, never a spare keycode text may have bound the same keysym to
+        keycode = next((code for code, _ in self._dpy.keysym_to_keycodes(keysym) if code not in self._spare), 0)
         if not keycode:
             self._skipped["unmapped_keysym"] += 1
             return False
         xtest.fake_input(self._dpy, X.KeyPress if down else X.KeyRelease, keycode)
         self._dpy.flush()
-        (self._keys_down.add if down else self._keys_down.discard)(keycode)
+        if down:
+            self._keys_down[keycode] = keysym
+        else:
+            self._keys_down.pop(keycode, None)
         self._injected["key"] += 1
         return True
+
+    @property
+    def spare_keycodes(self) -> int:
+        """How many keycodes text can bind characters to (distinct characters typed without rebinding)."""
+        return len(self._spare)
+
+    def _spend_text_budget(self, chars: int) -> bool:
+        now = self._clock()
+        self._text_budget = min(TEXT_BURST_CHARS, self._text_budget + (now - self._text_at) * TEXT_RATE_CHARS_S)
+        self._text_at = now
+        if chars > self._text_budget:
+            return False
+        self._text_budget -= chars
+        return True
+
+    def _keycode_for_text(self, keysym: int) -> int:
+        """A spare keycode bound to ``keysym`` (binding the least recently used one if needed)."""
+        keycode = self._bound.get(keysym)
+        if keycode is not None:
+            self._bound.move_to_end(keysym)
+            return keycode
+        if len(self._bound) < len(self._spare):
+            keycode = self._spare[len(self._bound)]
+        else:
+            _, keycode = self._bound.popitem(last=False)
+            wait = self._pressed_at.get(keycode, -math.inf) + REBIND_GRACE_S - self._clock()
+            if wait > 0:  # more distinct characters in a burst than spare keys: let the app read the press first
+                self._dpy.flush()
+                time.sleep(wait)
+        # both columns: the character comes out the same with or without Shift held
+        self._dpy.change_keyboard_mapping(keycode, [(keysym, keysym)])
+        self._bound[keysym] = keycode
+        return keycode
+
+    def type_text(self, text: str) -> bool:
+        """Type ``text`` as characters, whatever the keymap; False when over the rate budget or no key is spare."""
+        if not self._spare:
+            self._skipped["no_spare_keycode"] += 1
+            return False
+        if not self._spend_text_budget(len(text)):
+            self._skipped["text_rate"] += 1
+            return False
+        lifted = sorted(code for code, sym in self._keys_down.items() if sym in CLEARED_MODIFIERS)
+        for keycode in lifted:
+            xtest.fake_input(self._dpy, X.KeyRelease, keycode)
+        for char in text:
+            keycode = self._keycode_for_text(keysym_for_char(char))
+            xtest.fake_input(self._dpy, X.KeyPress, keycode)
+            xtest.fake_input(self._dpy, X.KeyRelease, keycode)
+            self._pressed_at[keycode] = self._clock()
+        for keycode in lifted:
+            xtest.fake_input(self._dpy, X.KeyPress, keycode)
+        self._dpy.flush()
+        self._injected["text"] += 1
+        return True
+
+    def _unbind_text_keys(self) -> None:
+        for keycode in self._bound.values():
+            self._dpy.change_keyboard_mapping(keycode, [(X.NoSymbol, X.NoSymbol)])
+        self._bound.clear()
 
     def set_clipboard(self, text: str) -> bool:
         """Own the CLIPBOARD selection with ``text`` via xclip; False when xclip is missing or fails.
@@ -261,6 +376,8 @@ class XInjector:
         self._closed = True
         try:
             self.release_all()
+            self._unbind_text_keys()
+            self._dpy.sync()
         except Exception as exc:  # the server may already be gone at session end
             log.debug("release on close failed: %s", exc)
         finally:

@@ -15,7 +15,7 @@ from streamer.desktop.inputs import InputError, parse_input
     inputs.key("KeyW", True), inputs.key("ArrowLeft", False), inputs.pointer_move(0, 1),
     inputs.pointer_relative(-4096, 4096), inputs.pointer_relative(0, 3),
     inputs.pointer_button(5, True), inputs.wheel(-10, 2.5), inputs.gamepad(3, [0.0, -1.0] * 4, [1.0] * 17),
-    inputs.clipboard("héllo"), inputs.ping(2**53 - 1, 12345.6),
+    inputs.clipboard("héllo"), inputs.ping(2**53 - 1, 12345.6), inputs.text("é€ßあ😀"), inputs.text("x" * 256),
 ])  # fmt: skip
 def test_messages_pass_the_nodes_parser(message: dict[str, object]) -> None:
     assert not isinstance(parse_input(json.dumps(message)), InputError)
@@ -36,6 +36,9 @@ def test_messages_pass_the_nodes_parser(message: dict[str, object]) -> None:
     (lambda: inputs.gamepad(0, [1.5], []), "axis 0"),
     (lambda: inputs.clipboard("x" * 65_537), "at most 65536"),
     (lambda: inputs.ping(-1, 0), "ping id"),
+    (lambda: inputs.text(""), "text must be a string of 1..256"),
+    (lambda: inputs.text("x" * 257), "text must be a string of 1..256"),
+    (lambda: inputs.text("a\nb"), "U\\+000A is a control character"),
 ])  # fmt: skip
 def test_out_of_range_values_are_refused_with_the_field(build: object, words: str) -> None:
     with pytest.raises(ValueError, match=words):

@@ -6,6 +6,9 @@ clipboard with xclip) and waits.  The page (clipboard permissions granted) must:
 
 - put text copied in the session into the system clipboard (navigator.clipboard.readText);
 - send a paste to the session's CLIPBOARD and never get it back (no echo);
+- type into an xterm on the session's display what a non-US keyboard and an IME produce: an AZERTY key
+  press (``é`` on ``Digit2``), characters with no US key and an IME commit (CDP ``Input.insertText``),
+  next to plain US keys;
 - after a window resize, ask for the new size and decode frames of that size;
 - mute and set the volume of its ``#sound`` element from the toolbar, remembered across a reload;
 - send a gamepad (``navigator.getGamepads`` stood in for by an init script: no real pad here) only when
@@ -16,6 +19,7 @@ clipboard with xclip) and waits.  The page (clipboard permissions granted) must:
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
 import shutil
 import subprocess
@@ -73,11 +77,48 @@ async def _until(check, what: str, deadline_s: float = 20.0):  # type: ignore[no
     return value
 
 
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+
+
+async def _type_into_xterm(page, display: str, out: Path) -> None:  # type: ignore[no-untyped-def]
+    env = {"DISPLAY": display, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PATH": os.environ["PATH"]}
+    xterm = await asyncio.create_subprocess_exec(
+        "xterm", "-u8", "-title", "kbd-e2e", "-e", "sh", "-c", f"cat > {shlex.quote(str(out))}",
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        activate = await asyncio.create_subprocess_exec(
+            "xdotool", "search", "--sync", "--name", "kbd-e2e", "windowactivate", "--sync", env=env)
+        assert await asyncio.wait_for(activate.wait(), 15) == 0
+        await _until(lambda: asyncio.to_thread(out.exists), "xterm's shell never started")
+        await page.focus("#kbd-sink")  # where the client keeps the keyboard focus while streaming
+        cdp = await page.context.new_cdp_session(page)
+        # an AZERTY keyboard: the key US calls Digit2 types "é" (sent as a key code, it would type "2")
+        azerty = {"code": "Digit2", "key": "é", "text": "é", "unmodifiedText": "é", "windowsVirtualKeyCode": 50}
+        await cdp.send("Input.dispatchKeyEvent", {"type": "keyDown", **azerty})
+        await cdp.send("Input.dispatchKeyEvent", {"type": "keyUp", **azerty})
+        await page.keyboard.type("a€ß")  # "a" is a US key press; Playwright inserts "€" and "ß" as text
+        await cdp.send("Input.imeSetComposition", {"text": "あ", "selectionStart": 1, "selectionEnd": 1})
+        await cdp.send("Input.insertText", {"text": "あ"})  # the IME commits
+        await page.keyboard.press("Enter")
+        await cdp.detach()
+
+        async def line() -> str:
+            text = await asyncio.to_thread(_read, out)
+            return text if text.endswith("\n") else ""
+
+        assert await _until(line, "no line reached the xterm") == "éa€ßあ\n"
+        assert await page.input_value("#kbd-sink") == ""  # emptied after each commit
+    finally:
+        xterm.terminate()
+        await xterm.wait()
+
+
 async def test_clipboard_resize_and_sound_controls(
     broker: Proc, http: aiohttp.ClientSession, browser, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     shared_tmp: Path,
 ) -> None:
-    for tool in ("Xvfb", "openbox", "xclip"):
+    for tool in ("Xvfb", "openbox", "xclip", "xterm", "xdotool"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed (Debian package {tool.lower()})")
     display_file = shared_tmp / "display"  # written by the session's app, which may run as nobody
@@ -123,6 +164,9 @@ async def test_clipboard_resize_and_sound_controls(
         await asyncio.to_thread(_xclip, display, second)
         await page.wait_for_function(f"() => window.renderBroker.remoteClipboard === {second!r}", timeout=15_000)
         assert await page.evaluate("window.renderBroker.clipboardReceived") == 2
+
+        # keyboard: what the user's layout and IME type arrives as those characters in a desktop app
+        await _type_into_xterm(page, display, shared_tmp / "typed.txt")
 
         # resize: the window shrinks, the page asks for its new size and decodes frames of that size
         first = await page.evaluate("window.renderBroker.lastResize")

@@ -12,6 +12,7 @@ from broker.protocol import (
     GAMEPAD_MAX_AXES,
     GAMEPAD_MAX_BUTTONS,
     POINTER_MAX_DELTA,
+    TEXT_MAX_CHARS,
     VIEWER_STATS_MAX_SAMPLES,
     InputType,
 )
@@ -30,6 +31,7 @@ from streamer.desktop.inputs import (
     PointerRelative,
     ProbeAck,
     Resize,
+    Text,
     ViewerStats,
     Wheel,
     keysym_for_code,
@@ -60,6 +62,9 @@ ACCEPTED = [
     ({"t": "cb", "text": ""}, Clipboard("")),
     ({"t": "cb", "text": "héllo 😀"}, Clipboard("héllo 😀")),
     ({"t": "cb", "text": "x" * CLIPBOARD_MAX_CHARS}, Clipboard("x" * CLIPBOARD_MAX_CHARS)),
+    ({"t": "tx", "text": "é"}, Text("é")),
+    ({"t": "tx", "text": "あいう😀 ß€"}, Text("あいう😀 ß€")),
+    ({"t": "tx", "text": "😀" * TEXT_MAX_CHARS}, Text("😀" * TEXT_MAX_CHARS)),  # code points, not UTF-16 units
     ({"t": "rs", "w": 1920, "h": 1080}, Resize(1920, 1080)),
     ({"t": "ping", "id": 7, "ts": 1764700000000.5}, Ping(7, 1764700000000.5)),
     ({"t": "pa", "id": 3, "rx": 1200, "rx_ms": 5123.25}, ProbeAck(3, 1200, 5123.25)),
@@ -130,6 +135,13 @@ REJECTED = [
     ('{"t":"gp","i":0,"ax":[]}', DropReason.MISSING_FIELD),
     ('{"t":"cb","text":5}', DropReason.BAD_FIELD_TYPE),
     (json.dumps({"t": "cb", "text": "x" * (CLIPBOARD_MAX_CHARS + 1)}), DropReason.OUT_OF_RANGE),
+    ('{"t":"tx"}', DropReason.MISSING_FIELD),
+    ('{"t":"tx","text":["a"]}', DropReason.BAD_FIELD_TYPE),
+    ('{"t":"tx","text":""}', DropReason.BAD_TEXT),
+    ('{"t":"tx","text":"a\\nb"}', DropReason.BAD_TEXT),  # Enter is a key ("k"), not text
+    ('{"t":"tx","text":"\\u001b[A"}', DropReason.BAD_TEXT),
+    ('{"t":"tx","text":"\\ud83d"}', DropReason.BAD_TEXT),  # a lone surrogate
+    (json.dumps({"t": "tx", "text": "a" * (TEXT_MAX_CHARS + 1)}), DropReason.OUT_OF_RANGE),
     ('{"t":"rs","w":63,"h":600}', DropReason.OUT_OF_RANGE),
     ('{"t":"rs","w":800,"h":5000}', DropReason.OUT_OF_RANGE),
     ('{"t":"rs","w":"800","h":600}', DropReason.BAD_FIELD_TYPE),
@@ -259,3 +271,9 @@ def test_events_are_frozen() -> None:
     assert isinstance(event, PointerMove)
     with pytest.raises(AttributeError):
         event.x = 0.1  # type: ignore[misc]
+
+
+def test_bad_text_says_which_character() -> None:
+    result = parse_input('{"t":"tx","text":"ok\\tno"}')
+    assert isinstance(result, InputError)
+    assert result.detail == "'text' holds U+0009, not a printable character"

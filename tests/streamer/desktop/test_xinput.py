@@ -9,6 +9,7 @@ import os
 import select
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -28,7 +29,7 @@ from streamer.desktop.inputs import (
     Resize,
     parse_input,
 )
-from streamer.desktop.xinput import InjectError, XInjector
+from streamer.desktop.xinput import TEXT_BURST_CHARS, TEXT_RATE_CHARS_S, InjectError, XInjector, keysym_for_char
 from tests.streamer.viewer import until
 
 pytestmark = [
@@ -212,6 +213,100 @@ def test_buttons_and_wheel_reach_a_window(injector: XInjector, observer: xdispla
     presses = [button for kind, button in events if kind == "press"]
     assert presses == [5, 5, 5, 4, 6]
     assert injector.stats().injected == {"move": 1, "button": 6, "wheel": 3}
+
+
+@pytest.fixture
+def typist(bare_display: VirtualDisplay) -> Iterator[xdisplay.Display]:
+    """A second client with keyboard focus: a window recording key presses (as an app reads them)."""
+    dpy = xdisplay.Display(bare_display.name)
+    screen = dpy.screen()
+    window = screen.root.create_window(0, 0, 200, 100, 0, screen.root_depth, X.InputOutput, X.CopyFromParent,
+                                       event_mask=X.KeyPressMask, override_redirect=True)
+    window.map()
+    window.set_input_focus(X.RevertToParent, X.CurrentTime)
+    dpy.sync()
+    yield dpy
+    dpy.close()
+
+
+def _typed(dpy: xdisplay.Display, count: int) -> str:
+    """The next ``count`` key presses as characters, read with the keymap of the moment (MappingNotify)."""
+    chars = ""
+    deadline = time.monotonic() + DEADLINE_S
+    while len(chars) < count:
+        if not dpy.pending_events():
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"only {chars!r} arrived"
+            select.select([dpy], [], [], remaining)
+            continue
+        event = dpy.next_event()
+        if event.type == X.MappingNotify:
+            dpy.refresh_keyboard_mapping(event)
+        elif event.type == X.KeyPress:
+            keysym = dpy.keycode_to_keysym(event.detail, 1 if event.state & X.ShiftMask else 0)
+            if keysym in (0xFFE1, 0xFFE2):  # Shift itself
+                continue
+            assert keysym, f"key {event.detail} had no keysym when it was read"
+            chars += chr(keysym - 0x01000000 if keysym > 0x01000000 else keysym)
+    return chars
+
+
+def test_text_types_characters_the_keymap_lacks(bare_display: VirtualDisplay, typist: xdisplay.Display) -> None:
+    with XInjector(bare_display.name) as injector:
+        assert injector.spare_keycodes >= 8
+        assert injector.inject(_event(json.dumps({"t": "tx", "text": "é€ßあ😀"})))
+        # Shift held (a key the viewer pressed) changes nothing; a repeated character reuses its keycode
+        assert injector.key(KEYSYMS["ShiftLeft"], True)
+        assert injector.inject(_event('{"t":"tx","text":"éa"}'))
+        assert injector.key(KEYSYMS["ShiftLeft"], False)
+        assert injector.key(KEYSYMS["KeyB"], True)  # an ordinary key still types its own letter
+        injector.sync()
+        assert _typed(typist, 8) == "é€ßあ😀éab"
+        assert injector.stats().injected == {"text": 2, "key": 3}
+    # close() gives the spare keycodes back: the keymap has none of the typed keysyms
+    probe = xdisplay.Display(bare_display.name)
+    try:
+        assert [c for c in "é€ßあ😀" if probe.keysym_to_keycode(keysym_for_char(c))] == []
+    finally:
+        probe.close()
+
+
+def test_text_lifts_held_modifiers_and_rebinds_the_oldest_key(
+    bare_display: VirtualDisplay, typist: xdisplay.Display
+) -> None:
+    with XInjector(bare_display.name) as injector:
+        assert injector.key(KEYSYMS["ControlLeft"], True)
+        assert injector.type_text("ü")
+        injector.sync()
+        presses = []  # Control's own press, the character, Control pressed again
+        while len(presses) < 3:
+            event = typist.next_event()
+            if event.type == X.MappingNotify:
+                typist.refresh_keyboard_mapping(event)
+            elif event.type == X.KeyPress:
+                presses.append((typist.keycode_to_keysym(event.detail, 0), event.state & X.ControlMask))
+        assert presses[1] == (keysym_for_char("ü"), 0), "the character was typed with Control held"
+        assert presses[2] == (KEYSYMS["ControlLeft"], 0)  # still held for the viewer's next shortcut
+        assert injector.key(KEYSYMS["ControlLeft"], False)
+        # more distinct characters than spare keycodes: the least recently used binding is reused
+        chars = "".join(chr(0x4E00 + i) for i in range(injector.spare_keycodes + 3))
+        # typed while the app reads, as a real one does (a press read after its key was rebound is lost)
+        worker = threading.Thread(target=injector.type_text, args=(chars,))
+        worker.start()
+        try:
+            assert _typed(typist, len(chars)) == chars
+        finally:
+            worker.join()
+
+
+def test_text_over_the_rate_budget_is_dropped(bare_display: VirtualDisplay) -> None:
+    now = [0.0]
+    with XInjector(bare_display.name, clock=lambda: now[0]) as injector:
+        assert injector.type_text("a" * TEXT_BURST_CHARS)
+        assert not injector.type_text("b")
+        now[0] += 10 / TEXT_RATE_CHARS_S
+        assert injector.type_text("b" * 10)
+        assert injector.stats().skipped == {"text_rate": 1}
 
 
 def test_release_all_releases_held_keys_and_buttons(bare_display: VirtualDisplay, injector: XInjector) -> None:
