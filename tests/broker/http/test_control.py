@@ -83,3 +83,21 @@ async def test_bad_control_requests_name_the_field(api) -> None:
     assert (await api.delete(url, headers=auth(other))).status == 404
     b = api.server.app[BROKER]
     assert await b.live.controller(sid) is None
+
+
+async def test_a_viewer_leaving_takes_its_control_with_it(api) -> None:
+    sid, owner = await _session(api)
+    share = await _share(api, sid, owner)
+    b = api.server.app[BROKER]
+    async with api.ws_connect("/api/v1/hosts/p1-h0/commands", headers=auth(NODE)) as node:
+        viewer_ws = await api.ws_connect(f"/api/v1/sessions/{sid}/watch?access_token={share['token']}")
+        viewer = (await _node_signal(node))["viewer"]
+        assert (await api.post(f"/api/v1/sessions/{sid}/control", json={"viewer": viewer},
+                               headers=auth(owner))).status == 200
+        assert await b.live.controller(sid) == f"{share['id']} {viewer}"
+        await viewer_ws.close()
+        left = await _node_signal(node)  # the broker's leave step ran before it tells the node
+        assert left["viewer"] == viewer and left["msg"]["type"] == "peer_left"
+        assert await b.live.controller(sid) is None
+        r = await api.post(f"/api/v1/sessions/{sid}/control", json={"viewer": viewer}, headers=auth(owner))
+        assert r.status == 409 and (await r.json())["field"] == "viewer"
