@@ -291,6 +291,11 @@ SHARE_SCHEMA: Final = {
     "ttl_s": Field("int", default=3600, minimum=60, maximum=DAY_S, description="The token's life in seconds"),
 }
 
+CONTROL_SCHEMA: Final = {
+    "viewer": Field("str", required=True, max_length=16, pattern_hint="^[0-9a-f]{16}$",
+                    description="The connected share viewer (an id from GET /sessions/{id}/shares) to hand control to"),
+}
+
 TOKEN_SCHEMA: Final = {
     "user": Field("str", required=True, max_length=128),
     "ttl_s": Field("int", default=3600, minimum=60, maximum=90 * DAY_S),

@@ -23,7 +23,7 @@ API_PREFIX: Final = "/api/v1"
 # data channels).  Raised by one for every change a client can observe, compatible additions
 # included; docs/protocol.md's change log says what changed and whether it breaks old clients.
 # tests/web/test_protocol_doc.py checks that the document states this number.
-PROTOCOL_VERSION: Final = 7
+PROTOCOL_VERSION: Final = 8
 
 
 class SessionState(StrEnum):
@@ -114,6 +114,9 @@ class SignalType(StrEnum):
     IN_USE = "in_use"
     # broker -> viewer, then the socket closes: another tab took the session over; do not reconnect
     MOVED = "moved"
+    # broker -> share viewer: {"type": "control", "granted": true|false}: the owner handed this viewer
+    # control (its input is applied from now on) or took it back (its input is dropped again)
+    CONTROL = "control"
 
 
 class ByeReason(StrEnum):
@@ -228,6 +231,9 @@ class NodeCommand(StrEnum):
     STOP = "stop"  # {"cmd":"stop","session_id":"...","reason":"..."}
     WARN = "warn"  # {"cmd":"warn","session_id":"...","code":"...","detail":"...","ends_in_s":n}
     SIGNAL = "signal"  # {"cmd":"signal","session_id":"...","msg":{...signaling message}}
+    # {"cmd":"control","session_id":"...","viewer":"<id>"|null}: the share viewer whose input the node applies
+    # (besides the owner's); null: none
+    CONTROL = "control"
 
 
 class StartFailure(StrEnum):

@@ -149,6 +149,15 @@ class Broker:
         path = f"sessions/{session_id}/shares" + (f"/{share_id}" if share_id else "")
         return dict(await self.request("DELETE", path))
 
+    async def give_control(self, session_id: str, viewer: str) -> dict[str, Any]:
+        """``POST /sessions/{id}/control``: hand control to one connected viewer (an id from ``shares()``'s
+        ``viewer_ids``); its keyboard, mouse and gamepad input is applied besides the owner's."""
+        return dict(await self.request("POST", f"sessions/{session_id}/control", {"viewer": viewer}))
+
+    async def take_control(self, session_id: str) -> dict[str, Any]:
+        """``DELETE /sessions/{id}/control``: take control back (``previous``: who had it, or None)."""
+        return dict(await self.request("DELETE", f"sessions/{session_id}/control"))
+
     async def watch_view(self) -> SessionView:
         """With a share token as ``token``: the session to watch, as a view ``Stream`` accepts (``id``,
         ``signaling`` with the viewer socket's ``url`` and ``ice_servers``, ``role``).  ``ApiError``

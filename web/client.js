@@ -35,6 +35,25 @@ import { ShareControls } from "./share.js";
 import { FrameStamps, readStats, renderStats } from "./stats.js";
 
 const TOKEN_KEY = "rb.viewer.token";
+// A guest's token and expiry, in localStorage (every tab of this origin, surviving a closed tab): a guest who
+// closes the tab and opens the page again signs in as the same guest and resumes its live session (within
+// the session's close grace). Signing out forgets it; an expired or refused one is dropped.
+const GUEST_KEY = "rb.guest";
+
+const guestStore = {
+  keep(token, expiresAt) {
+    try { localStorage.setItem(GUEST_KEY, JSON.stringify({ token, expires_at: expiresAt })); } catch { /* private mode */ }
+  },
+  get() {
+    try {
+      const g = JSON.parse(localStorage.getItem(GUEST_KEY) || "null");
+      if (g && typeof g.token === "string" && g.expires_at * 1000 > Date.now()) return g.token;
+      localStorage.removeItem(GUEST_KEY);
+    } catch { /* private mode or a malformed entry */ }
+    return "";
+  },
+  clear() { try { localStorage.removeItem(GUEST_KEY); } catch { /* private mode */ } },
+};
 const PC_DISCONNECTED_GRACE_MS = 4000; // ICE "disconnected" often recovers by itself; wait before re-signaling
 const RECONNECT_MAX_DELAY_MS = 5000;
 const DEFAULT_DISCONNECT_TIMEOUT_S = 300;
@@ -194,6 +213,7 @@ function signOut() {
   teardown();
   app.token = "";
   tokenStore.clear(TOKEN_KEY);
+  guestStore.clear();
   setSession(null);
   $("#token").value = "";
   show("signin");
@@ -691,7 +711,9 @@ function wire() {
     showProblem("#signin-error", null);
     $("#guest").disabled = true;
     try {
-      await signIn((await api("", "POST", "guest")).token);
+      const guest = await api("", "POST", "guest");
+      guestStore.keep(guest.token, guest.expires_at);
+      await signIn(guest.token);
       $("#guest").disabled = false;
     } catch (err) {
       showProblem("#signin-error", err);
@@ -746,13 +768,15 @@ window.renderBroker = Object.freeze({
 
 async function boot() {
   wire();
-  const saved = tokenStore.get(TOKEN_KEY);
+  // this tab's token (a reload), else a guest's from a closed tab
+  const saved = tokenStore.get(TOKEN_KEY) || guestStore.get();
   if (saved) {
     try {
       await signIn(saved);
       return;
     } catch (err) {
       tokenStore.clear(TOKEN_KEY);
+      guestStore.clear();
       if (err.status && err.status !== 401) showProblem("#signin-error", err);
     }
   }

@@ -70,7 +70,8 @@ export class PeerLink {
    *   audio(MediaStream) for the session's sound,
    *   channelOpen(), nodeEvent(rawData), bye(reason), signalError(msg), signalClosed(),
    *   elsewhere(kind, detail) when the broker says another tab holds the session ("in_use") or took
-   *   it ("moved"): the link is closed and does not report signalClosed
+   *   it ("moved"): the link is closed and does not report signalClosed; optional control(granted) for a
+   *   share viewer the owner handed control to (true) or took it back from (false)
    */
   constructor(o) {
     this.o = o;
@@ -264,6 +265,9 @@ export class PeerLink {
           // own ICE consent checks to notice, so the owner reconnects with a new peer connection
           this.o.on.state("failed");
         }
+        break;
+      case SignalType.CONTROL:
+        if (this.o.on.control) this.o.on.control(Boolean(msg.granted));
         break;
       default:
         break;

@@ -11,7 +11,7 @@
 export const API_PREFIX = "/api/v1";
 
 // the client protocol version docs/protocol.md describes
-export const PROTOCOL_VERSION = 7;
+export const PROTOCOL_VERSION = 8;
 
 // ---- session lifecycle --------------------------------------------------------------
 
@@ -77,7 +77,8 @@ export const SignalType = Object.freeze({
   "PEER_JOINED": "peer_joined",
   "PEER_LEFT": "peer_left",
   "IN_USE": "in_use",
-  "MOVED": "moved"
+  "MOVED": "moved",
+  "CONTROL": "control"
 });
 
 // `reason` of a `bye` the broker sends a viewer (besides session end reasons)
@@ -159,7 +160,8 @@ export const NodeCommand = Object.freeze({
   "START": "start",
   "STOP": "stop",
   "WARN": "warn",
-  "SIGNAL": "signal"
+  "SIGNAL": "signal",
+  "CONTROL": "control"
 });
 
 export const EventType = Object.freeze({

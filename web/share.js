@@ -2,6 +2,8 @@
 // the list of live links (who made each, when it expires, viewers connected) with Stop per link and
 // "Stop sharing" (every link). A revoked link's viewers are disconnected by the broker and told so.
 // The list is re-read after each action and every few seconds while it is open.
+// Control (protocol v7): each connected viewer has "Give control" (one viewer at a time: giving it to
+// another takes it from the first); the one in control has "Take back". The owner keeps control all along.
 
 import { el, render } from "./common.js";
 
@@ -20,6 +22,7 @@ export class ShareControls {
   constructor(o) {
     this.o = o;
     this.shares = [];
+    this.controller = null; // the viewer id in control besides the owner
     this.lastLink = null;
     this.timer = 0;
     o.shareButton.addEventListener("click", () => this.create());
@@ -74,12 +77,28 @@ export class ShareControls {
     await this.refresh();
   }
 
+  /** Hand control to one connected viewer (null: take it back). */
+  async control(viewer) {
+    const sid = this.o.sessionId();
+    if (!sid) return;
+    try {
+      if (viewer) await this.o.call("POST", `sessions/${sid}/control`, { viewer });
+      else await this.o.call("DELETE", `sessions/${sid}/control`);
+      this.o.toast(viewer ? "A viewer has control now (you keep it too)" : "You took control back");
+    } catch (err) {
+      this.o.toast(`Could not change control: ${err.message}`, { error: true });
+    }
+    await this.refresh();
+  }
+
   /** Re-read the live links and redraw (also called when the stream view opens). */
   async refresh() {
     const sid = this.o.sessionId();
-    if (!sid) { this.shares = []; this.draw(); return; }
+    if (!sid) { this.shares = []; this.controller = null; this.draw(); return; }
     try {
-      this.shares = (await this.o.call("GET", `sessions/${sid}/shares`)).shares || [];
+      const body = await this.o.call("GET", `sessions/${sid}/shares`);
+      this.shares = body.shares || [];
+      this.controller = body.controller || null;
     } catch { /* keep the last list; the next refresh tries again */ }
     this.draw();
   }
@@ -87,6 +106,7 @@ export class ShareControls {
   /** Forget everything (the session ended). */
   reset() {
     this.shares = [];
+    this.controller = null;
     this.lastLink = null;
     this.toggle(false);
     this.draw();
@@ -105,7 +125,12 @@ export class ShareControls {
       { "data-share": s.id },
       el("span", {}, `${s.shadow ? "admin " : ""}${s.by} · ${s.viewers} watching · until `
         + new Date(s.expires_at * 1000).toLocaleTimeString()),
-      el("button", { class: "ghost sm", onclick: () => this.stop(s.id) }, "Stop")))
+      el("button", { class: "ghost sm", onclick: () => this.stop(s.id) }, "Stop"),
+      ...(s.viewer_ids || []).map((v, i) => (v === this.controller
+        ? el("button", { class: "sm", "data-viewer": v, "data-control": "take",
+                         onclick: () => this.control(null) }, `Take control back from viewer ${i + 1}`)
+        : el("button", { class: "ghost sm", "data-viewer": v, "data-control": "give",
+                         onclick: () => this.control(v) }, `Give control to viewer ${i + 1}`)))))
       : [el("li", { class: "muted" }, "Not shared")]));
   }
 }

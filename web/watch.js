@@ -1,14 +1,20 @@
 // The view-only page of a share link (/watch?token=<share token>, protocol v5): it shows the session's
-// stream and sends nothing but its own connection's signaling. The broker relays the offer to the node
+// stream and, unless the owner hands it control, sends nothing but its own connection's signaling. The broker relays the offer to the node
 // tagged with this viewer's id; the node answers from a peer fed by the session's one encode and drops
 // any input. The page offers once per connection (PeerLink); the node answers the same offer again with
 // the same answer, so a re-sent copy never replaces the connection the page is on.
+//
+// Control (protocol v7): the owner may hand this viewer control ({"type":"control","granted":true} on the
+// socket): the page shows "You have control" and sends keyboard, mouse and gamepad input (input.js, as the
+// owner's page does) until control is taken back, the link is revoked or the connection drops (a new
+// connection is a new viewer id: control does not follow it, the owner hands it again).
 //
 // Ends: "bye" share_revoked (the owner stopped sharing) or a 403 share_revoked when (re)connecting shows
 // "The owner stopped sharing this session" and never reconnects; the session's end shows that it ended.
 // A dropped socket or a failed connection reconnects after RECONNECT_MS, asking the broker first.
 
 import { ByeReason } from "./protocol.js";
+import { InputController } from "./input.js";
 import { PeerLink } from "./peer.js";
 import { FrameStamps } from "./stats.js";
 
@@ -20,7 +26,27 @@ const token = params.get("token") || "";
 const video = document.getElementById("video");
 const statusBox = document.getElementById("watch-status");
 const stamps = new FrameStamps(video, () => true, { everyFrame: params.get("stamps") === "all" });
-const watch = { state: "connecting", link: null, connections: 0, timer: 0 };
+const controlBox = document.getElementById("watch-control");
+const watch = { state: "connecting", link: null, connections: 0, timer: 0, control: false };
+const input = new InputController({
+  video,
+  send: (msg) => Boolean(watch.link && watch.link.send(msg)),
+  active: () => watch.control && watch.state === "watching" && Boolean(watch.link && watch.link.channelOpen),
+  backlog: () => (watch.link ? watch.link.backlog : 0),
+  gameMode: () => false,
+  toggleStats: () => {},
+  streaming: () => watch.state === "watching",
+  hint: () => {},
+});
+
+/** The owner handed this viewer control (true) or took it back (false). */
+function setControl(granted) {
+  if (!granted && watch.control) input.releaseAll();
+  watch.control = granted;
+  controlBox.hidden = !granted;
+  document.body.classList.toggle("in-control", granted);
+  if (granted) video.focus();
+}
 
 function setState(state, text) {
   watch.state = state;
@@ -31,6 +57,7 @@ function setState(state, text) {
 
 /** Stop for good: the link was revoked or the session ended. */
 function end(state, text) {
+  setControl(false);
   clearTimeout(watch.timer);
   if (watch.link) watch.link.close();
   watch.link = null;
@@ -59,6 +86,7 @@ async function linkInfo() {
 
 function reconnectLater() {
   if (watch.state === "stopped" || watch.state === "ended") return;
+  setControl(false);
   if (watch.link) watch.link.close();
   watch.link = null;
   setState("connecting", "Reconnecting…");
@@ -82,7 +110,8 @@ async function connect() {
       },
       track(stream) { if (watch.link === link) video.srcObject = stream; },
       audio() {}, // view-only links carry no sound at this version
-      channelOpen() {},
+      channelOpen() { if (watch.link === link) input.channelOpened(); },
+      control(granted) { if (watch.link === link) setControl(granted); },
       nodeEvent() {},
       bye(reason) {
         if (reason === ByeReason.SHARE_REVOKED) end("stopped", STOPPED_TEXT);
@@ -107,6 +136,7 @@ async function connect() {
 window.renderBroker = Object.freeze({
   get state() { return watch.state; },
   get connections() { return watch.connections; },
+  get control() { return watch.control; },
   get pc() { return watch.link ? watch.link.pc : null; },
   get frameNumbers() { return stamps.frameNumbers.slice(); },
   framesDecoded: async () => {
@@ -119,4 +149,5 @@ window.renderBroker = Object.freeze({
 });
 
 stamps.start();
+input.attach();
 connect();

@@ -13,6 +13,7 @@ from aiohttp import web
 from broker.autoscale.plans import PLAN_SCHEMA
 from broker.autoscale.scaler import SIMULATE_SCHEMA
 from broker.models import (
+    CONTROL_SCHEMA,
     HEARTBEAT_SCHEMA,
     HOST_SCHEMA,
     POOL_SCHEMA,
@@ -96,6 +97,10 @@ DOCS: dict[tuple[str, str], tuple[str, str, Schema | None]] = {
                                                  "owner, admin", None),
     ("DELETE", f"{A}/sessions/{{sid}}/shares/{{share}}"): ("Revoke one share link, disconnect its viewers",
                                                            "owner, admin", None),
+    ("POST", f"{A}/sessions/{{sid}}/control"): ("Hand control to one connected share viewer (its input is applied "
+                                                "besides the owner's; audited)", "owner, admin", CONTROL_SCHEMA),
+    ("DELETE", f"{A}/sessions/{{sid}}/control"): ("Take control back from the viewer that has it (audited)",
+                                                  "owner, admin", None),
     ("GET", f"{A}/sessions/{{sid}}/watch"): ("WebSocket: a share viewer's signaling (?access_token=<share token>)",
                                              "share token", None),
     ("GET", f"{A}/audit"): ("Audit log, newest first (?limit, ?before_id, ?action)", "admin", None),

@@ -2,6 +2,8 @@
 
 - ``POST /api/v1/sessions/{sid}/shares`` (owner; an admin: a shadow), ``GET`` lists, ``DELETE .../shares/{share}``
   and ``DELETE .../shares`` revoke (``broker.sharing``).
+- ``POST /api/v1/sessions/{sid}/control`` ``{"viewer": id}`` hands control to one connected viewer,
+  ``DELETE`` takes it back (``broker.sharing``).
 - ``GET /watch?token=<share token>``: the view-only page (``web/watch.html``), or with ``Accept: application/json``
   what it needs to connect (session, ICE servers, signaling path); 401 for a forged or expired token, 403
   ``share_revoked`` for a revoked one (a problem body; a browser asking for HTML gets the page with that
@@ -34,7 +36,16 @@ from broker.http.api import PATH_RULES, ok, parse_json, principal, read_json, ro
 from broker.keys_app import BROKER, HUB, SETTINGS
 from broker.protocol import API_PREFIX, SIGNAL_MAX_BYTES, ByeReason, NodeCommand, SessionState, SignalType
 from broker.service import Broker
-from broker.sharing import check_grant, create_share, list_shares, revoke_shares, wall_ms
+from broker.sharing import (
+    check_grant,
+    controller,
+    create_share,
+    grant_control,
+    list_shares,
+    revoke_shares,
+    take_control,
+    wall_ms,
+)
 from broker.store.keys import VIEWER_TAB_RENEW_S
 
 log = logging.getLogger(__name__)
@@ -60,7 +71,22 @@ async def post_share(request: web.Request) -> web.Response:
 async def get_shares(request: web.Request) -> web.Response:
     who = principal(request)
     sid = request.match_info["sid"]
-    return ok({"session": sid, "shares": await list_shares(request.app[BROKER], who, sid)})
+    b = request.app[BROKER]
+    shares = await list_shares(b, who, sid)
+    return ok({"session": sid, "shares": shares, "controller": await controller(b, sid)})
+
+
+@routes.post(f"{API_PREFIX}/sessions/{{sid}}/control")
+async def post_control(request: web.Request) -> web.Response:
+    who = principal(request)
+    body = await read_json(request)
+    return ok(await grant_control(request.app[BROKER], who, request.match_info["sid"], body))
+
+
+@routes.delete(f"{API_PREFIX}/sessions/{{sid}}/control")
+async def delete_control(request: web.Request) -> web.Response:
+    who = principal(request)
+    return ok(await take_control(request.app[BROKER], who, request.match_info["sid"]))
 
 
 @routes.delete(f"{API_PREFIX}/sessions/{{sid}}/shares/{{share}}")

@@ -47,6 +47,8 @@ Key map (``P`` is the prefix, default ``rb``)::
                                        live share links; expires with the latest link (PEXPIREAT)
     P:session:{id}:viewers      zset   "<share id> <viewer id>" -> ms its signaling socket's hold runs out
                                        (renewed every VIEWER_TAB_RENEW_S; SHARE_VIEWER_TTL_MS past the last)
+    P:session:{id}:control      string "<share id> <viewer id>": the one share viewer the owner handed control
+                                       to (share.lua; dropped when that viewer leaves or its link is revoked)
     P:share:{share id}:revoked  string marker: the link was revoked; lives for the token's remaining life
     P:user:{user}:pool:{pool}   set    the user's live session ids in a pool
     P:live                      set    every live (not ended) session id
@@ -92,6 +94,7 @@ OUTBOX_STALE_MS: Final = 30_000  # a record in processing this long was orphaned
 VIEWER_TAB_TTL_MS: Final = 30_000
 VIEWER_TAB_RENEW_S: Final = 10.0
 SHARE_VIEWER_TTL_MS: Final = 30_000  # a share viewer's hold lives this long past its socket's last renewal
+CONTROL_TTL_MS: Final = 86_400_000  # a viewer's control lives at most a day (share tokens do too)
 SHARES_MAX: Final = 16  # live share links per session
 AUTOSCALE_STATE_TTL_S: Final = 7 * 86_400  # an autoscaler record no replica has rewritten for a week is dropped
 AUTOSCALE_LOCK_MIN_TTL_S: Final = 10  # the per-pool leader lock lives max(this, 2 intervals)
@@ -182,6 +185,9 @@ class Keys:
 
     def session_viewers(self, session_id: str) -> str:
         return f"{self.prefix}:session:{session_id}:viewers"
+
+    def session_control(self, session_id: str) -> str:
+        return f"{self.prefix}:session:{session_id}:control"
 
     def share_revoked(self, share_id: str) -> str:
         return f"{self.prefix}:share:{share_id}:revoked"

@@ -38,6 +38,7 @@ from broker.models import Gpu, PoolConfig
 from broker.placement import GpuLoad, HostLoad, gpu_seats
 from broker.protocol import HostState, SessionState
 from broker.store.keys import (
+    CONTROL_TTL_MS,
     DOWN_HOST_TTL_S,
     ENDED_SESSION_TTL_S,
     INDEX_VERSION,
@@ -430,12 +431,24 @@ class LiveStore:
         for k, v in raw.items():
             rec = json.loads(v)
             if int(rec.get("expires_at", 0)) * 1000 > now_ms:
-                out[_s(k)] = {**rec, "viewers": 0}
+                out[_s(k)] = {**rec, "viewers": 0, "viewer_ids": []}
         for member in holds:
-            share = _s(member).split(" ", 1)[0]
+            share, _, viewer = _s(member).partition(" ")
             if share in out:
                 out[share]["viewers"] += 1
+                out[share]["viewer_ids"].append(viewer)
         return out
+
+    async def set_control(self, session_id: str, viewer_id: str | None, now_ms: int) -> tuple[str, str | None]:
+        """Hand control to share viewer ``viewer_id`` (None: take it back): (status "ok" or "not_viewer",
+        the previous controller as "<share> <viewer>" or None)."""
+        res = await self._run("share", "control", session_id, viewer_id or "", CONTROL_TTL_MS, now_ms)
+        return _s(res[0]), (_s(res[1]) or None)
+
+    async def controller(self, session_id: str) -> str | None:
+        """The share viewer in control of the session ("<share> <viewer>"), or None."""
+        raw = await self.redis.get(self.keys.session_control(session_id))
+        return _s(raw) if raw else None
 
     async def share_revoked(self, share_id: str) -> bool:
         return bool(await self.redis.exists(self.keys.share_revoked(share_id)))

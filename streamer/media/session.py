@@ -441,6 +441,7 @@ class SessionRuntime:
                          playout_delay=config.playout_delay, udp_ports=config.udp_ports),
             floor_bps=self._profile.min_bps, interval_s=config.stats_interval_ms / 1000.0,
             on_keyframe_request=self._keyframe_requested, on_change=self._share_changed, lock=self._signal_lock,
+            router=lambda: self._router,
         )
         self._owner_encoder_bps: int | None = None  # the owner's controller's encoder bitrate, before the viewers' cap
         self.resizes = 0  # screen resizes applied
@@ -518,6 +519,10 @@ class SessionRuntime:
             pipeline = self._pipeline if self._state == "running" else None
             return await self._share.signal(viewer, role, msg, pipeline, self._encoder_bps or self._profile.start_bps)
 
+    def set_controller(self, viewer: str | None) -> None:
+        """The share viewer whose keyboard, mouse and gamepad input is applied besides the owner's (None: none)."""
+        self._share.set_controller(viewer)
+
     async def warn(self, code: str, detail: str, ends_in_s: int) -> None:
         """Tell the viewer (now, or when it next connects) that the session is about to end."""
         payload = {"t": NodeEventType.WARNING.value, "code": code, "detail": detail, "ends_in_s": int(ends_in_s)}
@@ -540,6 +545,8 @@ class SessionRuntime:
             "share_viewers": self._share.stats(),
             "share_viewers_joined": self._share.joined,  # share viewers answered so far
             "share_input_dropped": self._share.input_refused,  # view-only input messages refused so far
+            "share_input_applied": self._share.input_granted,  # input of viewers in control applied so far
+            "share_controller": self._share.controller,  # the viewer in control besides the owner, or None
             "fps": None,
             "target_fps": None,
             "frames": 0,

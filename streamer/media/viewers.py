@@ -4,7 +4,13 @@ Job: ``ShareViewers`` answers the offers of a session's share-link viewers (the 
 signaling with a viewer id), each with its own ``ViewerPeer`` whose video track is a follower of the
 session's ``FramePipeline`` (``add_follower``): one encode serves the owner and every viewer.  A
 viewer's data-channel messages go to ``ViewOnlyInput``, which answers pings and drops (and counts)
-everything else: a view-only viewer never reaches the desktop or the game.  ``peer_left`` or ``bye``
+everything else: a view-only viewer never reaches the desktop or the game.
+
+Control (``set_controller``, the broker's ``control`` command): the owner may hand control to one viewer at
+a time.  That viewer's keyboard, mouse and gamepad messages go to the session's ``InputRouter`` (the owner's,
+so the owner keeps control too and the sink sees one input stream); its resize, clipboard and stats messages
+stay dropped (the screen and the clipboard are the owner's).  Taking control back, or the viewer leaving,
+releases whatever it held down (the router's ``release_all``).  ``peer_left`` or ``bye``
 for a viewer (its socket closed, or its link was revoked) closes its connection.
 
 Re-sent offers: a viewer's page may send the same offer twice (a reconnecting socket).  An offer
@@ -34,22 +40,38 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from broker.protocol import NodeEventType, SignalType
+from broker.protocol import InputType, NodeEventType, SignalType
 from streamer.desktop.inputs import InputError, Ping, parse_input
-from streamer.media.peer import OfferError, PeerSettings, ViewerPeer, candidate_ufrag, offer_ice_ufrag, parse_offer
+from streamer.media.peer import (
+    InputHandler,
+    OfferError,
+    PeerSettings,
+    ViewerPeer,
+    candidate_ufrag,
+    offer_ice_ufrag,
+    parse_offer,
+)
 from streamer.media.track import FOLLOWER_MAX_QUEUED, EncodedVideoTrack, Follower, FramePipeline
 
 log = logging.getLogger(__name__)
 
 MAX_VIEWERS: Final = 16  # share viewers per session; more are refused with an error
 ICE_PWD_RE: Final = re.compile(r"^a=ice-pwd:(\S+)", re.MULTILINE)
+# what a viewer in control may send the session: keyboard (keys and typed text), mouse and gamepad (never
+# resize nor clipboard)
+CONTROL_INPUT: Final = frozenset({InputType.POINTER_MOVE, InputType.POINTER_RELATIVE, InputType.POINTER_BUTTON,
+                                  InputType.WHEEL, InputType.KEY, InputType.TEXT, InputType.GAMEPAD})
 
 
 class ViewOnlyInput:
-    """The input handler of a view-only viewer: pings are answered, every other message dropped and counted."""
+    """The input handler of a share viewer: pings are answered; keyboard, mouse and gamepad messages go to
+    the session's router while ``in_control()`` returns it (the owner handed this viewer control); every
+    other message is dropped and counted."""
 
-    def __init__(self) -> None:
+    def __init__(self, in_control: Callable[[], InputHandler | None] = lambda: None) -> None:
         self.dropped: Counter[str] = Counter()  # by message type ("pm", "k", ... or the parse error's reason)
+        self.applied: Counter[str] = Counter()  # by message type, while in control
+        self._in_control = in_control
 
     def handle(self, raw: str | bytes, reply: Callable[[dict[str, Any]], object]) -> None:
         result = parse_input(raw)
@@ -58,7 +80,12 @@ class ViewOnlyInput:
             reply({"t": NodeEventType.PONG.value, "id": result.id, "ts": ts})
             return
         kind = str(result.reason) if isinstance(result, InputError) else str(type(result).TYPE)
-        self.dropped[kind] += 1
+        router = self._in_control() if kind in CONTROL_INPUT else None
+        if router is None:
+            self.dropped[kind] += 1
+            return
+        self.applied[kind] += 1
+        router.handle(raw, reply)
 
     def release_all(self) -> None:
         """Nothing is ever held for a view-only viewer."""
@@ -106,8 +133,10 @@ class ShareViewers:
         on_keyframe_request: Callable[[], None],
         on_change: Callable[[], None],
         lock: asyncio.Lock,
+        router: Callable[[], InputHandler | None] = lambda: None,
     ) -> None:
-        """``lock``: the session's signal lock, held by callers of ``signal``; a lost connection takes it too."""
+        """``lock``: the session's signal lock, held by callers of ``signal``; a lost connection takes it too.
+        ``router``: the session's input router (None before the session runs), for the viewer in control."""
         self._sid = session_id
         self._lock = lock
         self._tasks: set[asyncio.Task[None]] = set()
@@ -119,7 +148,29 @@ class ShareViewers:
         self._viewers: dict[str, ShareViewer] = {}
         self._early: dict[str, list[Mapping[str, Any]]] = {}
         self.input_dropped = 0  # view-only input dropped, viewers gone included
+        self.input_applied = 0  # input of viewers in control applied, viewers gone included
         self.joined = 0
+        self._router = router
+        self.controller: str | None = None  # the viewer in control (besides the owner), by the broker's word
+
+    def set_controller(self, viewer: str | None) -> None:
+        """The broker handed control to ``viewer`` (None: took it back).  The viewer losing control has
+        whatever it held down released.  A viewer not connected (yet) is remembered: its offer may follow."""
+        if viewer == self.controller:
+            return
+        previous, self.controller = self.controller, viewer
+        log.info("session %s: control %s%s", self._sid, f"handed to viewer {viewer}" if viewer else "taken back",
+                 f" from viewer {previous}" if previous else "")
+        if previous is not None:
+            self._release()
+
+    def _release(self) -> None:
+        router = self._router()
+        if router is not None:
+            router.release_all()
+
+    def _control_of(self, viewer: str) -> Callable[[], InputHandler | None]:
+        return lambda: self._router() if self.controller == viewer else None
 
     def __len__(self) -> int:
         return len(self._viewers)
@@ -160,7 +211,7 @@ class ShareViewers:
                            offered=sorted(offer.video_codecs), accepted=[codec])]
         await self.drop(viewer, "replaced")
         track = EncodedVideoTrack(FOLLOWER_MAX_QUEUED)
-        view_input = ViewOnlyInput()
+        view_input = ViewOnlyInput(self._control_of(viewer))
         peer = ViewerPeer(self._settings, track, view_input, target_bps=target_bps,
                           on_state=lambda p, state: self._state(viewer, p, state),
                           on_channel_open=lambda _p: None, on_keyframe_request=self._on_keyframe_request)
@@ -212,6 +263,9 @@ class ShareViewers:
     async def drop(self, viewer: str, why: str) -> None:
         """Close one viewer's connection (idempotent)."""
         self._early.pop(viewer, None)
+        if self.controller == viewer and why != "replaced":  # gone: control goes back to the owner alone
+            self.controller = None
+            self._release()
         v = self._viewers.pop(viewer, None)
         if v is None:
             return
@@ -221,6 +275,7 @@ class ShareViewers:
                 await v.task
         v.pipeline.remove_follower(v.track)
         self.input_dropped += sum(v.input.dropped.values())
+        self.input_applied += sum(v.input.applied.values())
         await v.peer.close()
         log.info("session %s: share viewer %s left (%s); %d input message(s) refused", self._sid, viewer, why,
                  sum(v.input.dropped.values()))
@@ -262,9 +317,15 @@ class ShareViewers:
         """View-only input messages dropped so far, viewers gone included."""
         return self.input_dropped + sum(sum(v.input.dropped.values()) for v in self._viewers.values())
 
+    @property
+    def input_granted(self) -> int:
+        """Input messages of viewers in control applied so far, viewers gone included."""
+        return self.input_applied + sum(sum(v.input.applied.values()) for v in self._viewers.values())
+
     def stats(self) -> list[dict[str, Any]]:
         return [{"id": v.id, "role": v.role, "connected": v.connected, "remb_bps": v.remb_bps,
                  "frames": v.follower.delivered, "frames_dropped": v.follower.dropped,
+                 "in_control": v.id == self.controller, "input_applied": dict(v.input.applied),
                  "input_dropped": dict(v.input.dropped)} for v in self._viewers.values()]
 
 

@@ -508,7 +508,7 @@ class NodeAgent:
 
     async def _on_command(self, ws: aiohttp.ClientWebSocketResponse, cmd: dict[str, Any]) -> None:
         kind = cmd.get("cmd")
-        if kind in (NodeCommand.START, NodeCommand.STOP, NodeCommand.WARN):  # not signal: one per ICE candidate
+        if kind in (NodeCommand.START, NodeCommand.STOP, NodeCommand.WARN, NodeCommand.CONTROL):  # not signal: many
             sid = cmd["session"]["id"] if kind == NodeCommand.START else cmd.get("session_id")
             log.info("command socket: %s %s%s", kind, sid, " (bind)" if cmd.get("bind") else "")
         if kind == NodeCommand.START:
@@ -519,6 +519,11 @@ class NodeAgent:
             rt = self.sessions.get(cmd["session_id"])
             if rt:
                 await rt.warn(cmd.get("code", "warning"), cmd.get("detail", ""), int(cmd.get("ends_in_s", 0)))
+        elif kind == NodeCommand.CONTROL:
+            rt = self.sessions.get(cmd.get("session_id", ""))
+            viewer = cmd.get("viewer")
+            if rt:
+                rt.set_controller(viewer if isinstance(viewer, str) and viewer else None)
         elif kind == NodeCommand.SIGNAL:
             sid = str(cmd["session_id"])
             viewer = cmd.get("viewer")

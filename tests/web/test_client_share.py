@@ -1,5 +1,6 @@
 """Sharing in Chromium: the owner's page makes a view-only link, a second page watches it, both decode the
-very same frames, and "Stop" ends the viewer with a message and no reconnect.
+very same frames, the owner hands the viewer control (its mouse aims the game's crosshair) and takes it
+back, and "Stop" ends the viewer with a message and no reconnect.
 
 A real broker and ``render-node`` (the built-in game: its frames carry their frame number, which both pages
 read back with ``?stamps=all``).  The two pages are tabs of one browser, so one of them is a background
@@ -16,6 +17,7 @@ import pytest
 from tests.conftest import ADMIN
 from tests.procs import Proc
 from tests.web.conftest import call, page_errors, user_token
+from tests.web.test_client_game_input import CROSSHAIR_JS
 from tests.web.test_client_stream import render_node, wait_host
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -66,6 +68,25 @@ async def test_a_viewer_watches_the_owner_s_frames_until_the_owner_stops_sharing
         # the owner sees the viewer in the list ("Share" opened it; it refreshes while open), and stops that link
         assert await owner.locator("#share-panel").is_visible()
         await owner.locator("#share-list li", has_text="1 watching").wait_for(timeout=10_000)
+
+        # control: view-only first (the page sends nothing), then handed over: the viewer's mouse aims
+        assert await viewer.locator("#watch-control").is_hidden()
+        await owner.locator("#share-list button[data-control=give]").click()
+        await viewer.locator("#watch-control", has_text="You have control").wait_for(timeout=10_000)
+        box = await viewer.locator("#video").bounding_box()
+        assert box is not None
+        frame = await viewer.evaluate("() => { const v = document.querySelector('#video'); "
+                                      "return [v.videoWidth, v.videoHeight]; }")
+        scale = min(box["width"] / frame[0], box["height"] / frame[1])  # object-fit: contain
+        left, top = box["x"] + (box["width"] - frame[0] * scale) / 2, box["y"] + (box["height"] - frame[1] * scale) / 2
+        for want in ((0.25, 0.3), (0.7, 0.6)):
+            await viewer.mouse.move(left + want[0] * frame[0] * scale, top + want[1] * frame[1] * scale, steps=4)
+            await viewer.wait_for_function(
+                f"() => {{ const c = ({CROSSHAIR_JS})(); return c && Math.abs(c[0] - {want[0]}) < 0.03"
+                f" && Math.abs(c[1] - {want[1]}) < 0.03; }}", timeout=10_000, polling=100)
+        await owner.locator("#share-list button[data-control=take]").click()
+        await viewer.locator("#watch-control").wait_for(state="hidden", timeout=10_000)
+        assert await viewer.evaluate("window.renderBroker.control") is False
         connections = await viewer.evaluate("window.renderBroker.connections")
         await owner.locator("#share-list li button", has_text="Stop").click()
         await viewer.locator('body[data-state="stopped"]').wait_for(state="attached", timeout=10_000)

@@ -9,12 +9,17 @@
 --            P:sig:{session}:shares, so a viewer joining concurrently either sees the marker or is listed.
 --   "join"   share_id viewer_id hold_ms now_ms -> "ok" | "revoked" | "not_seated"
 --   "keep"   share_id viewer_id hold_ms now_ms -> 1 renewed | 0 gone (revoked, or the hold lapsed)
---   "leave"  share_id viewer_id -> 1 | 0
+--   "leave"  share_id viewer_id -> 1 | 0 (a viewer in control leaves it: P:session:{id}:control is dropped)
+--   "control" viewer_id ("" = take control back) hold_ms now_ms -> {status, previous "<share> <viewer>" or ""}
+--            status "ok", or "not_viewer" when viewer_id holds no live place among the session's viewers.
+--            P:session:{id}:control holds the one viewer in control, for hold_ms at most; revoking its link
+--            or its leaving drops it, so control never outlives the viewer's place.
 -- Times are wall-clock ms from the caller (token expiries are wall-clock epoch seconds).
 local op, sid = ARGV[2], ARGV[3]
 local k_shares = k_session(sid) .. ':shares'
 local k_viewers = k_session(sid) .. ':viewers'
 local function k_revoked(id) return P .. ':share:' .. id .. ':revoked' end
+local k_control = k_session(sid) .. ':control'
 local SEATED = {starting = true, running = true, disconnected = true}
 
 if op == 'create' then
@@ -64,10 +69,26 @@ elseif op == 'revoke' then
       removed[#removed + 1] = member
     end
   end
+  local controller = redis.call('GET', k_control)
+  if controller and gone[string.match(controller, '^(%S+)') or ''] then redis.call('DEL', k_control) end
   if #ids > 0 then
     redis.call('PUBLISH', P .. ':sig:' .. sid .. ':shares', cjson.encode({type = 'share_revoked', shares = ids}))
   end
   return {'ok', ids, removed}
+elseif op == 'control' then
+  local viewer, hold, now = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+  local previous = redis.call('GET', k_control) or ''
+  if viewer == '' then
+    redis.call('DEL', k_control)
+    return {'ok', previous}
+  end
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', k_viewers, now, '+inf')) do
+    if string.match(member, '^%S+ (%S+)$') == viewer then
+      redis.call('SET', k_control, member, 'PX', hold)
+      return {'ok', previous}
+    end
+  end
+  return {'not_viewer', previous}
 end
 
 local id, viewer = ARGV[4], ARGV[5]
@@ -88,6 +109,7 @@ elseif op == 'keep' then
   if redis.call('PTTL', k_viewers) < hold then redis.call('PEXPIRE', k_viewers, hold) end
   return 1
 elseif op == 'leave' then
+  if redis.call('GET', k_control) == member then redis.call('DEL', k_control) end
   return redis.call('ZREM', k_viewers, member)
 end
 return redis.error_reply('share.lua: unknown op ' .. tostring(op))
