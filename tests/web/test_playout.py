@@ -79,7 +79,8 @@ def test_playout_control_sets_the_receiver_floor_only_in_low_mode() -> None:
 SYNC_REPORT = """((a, an, o, on, v, vn) => new Map([
   ['a', {type: 'inbound-rtp', kind: 'audio', jitterBufferDelay: a, jitterBufferEmittedCount: an}],
   ['v', {type: 'inbound-rtp', kind: 'video', totalProcessingDelay: v, framesDecoded: vn}],
-  ...(o === null ? [] : [['p', {type: 'media-playout', kind: 'audio', totalPlayoutDelay: o, totalSamplesCount: on}]])]))"""
+  ...(o === null ? [] : [['p', {type: 'media-playout', kind: 'audio', totalPlayoutDelay: o,
+                                totalSamplesCount: on}]])]))"""
 
 
 def test_sync_mode_makes_the_picture_wait_as_long_as_the_sound() -> None:
