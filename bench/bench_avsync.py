@@ -226,9 +226,9 @@ def report(data: dict[str, Any], verbose: bool) -> list[Beep]:
     pl = data["playout"] or {}
     if pl.get("mode") == "sync":
         last = pl.get("sync") or {}
-        print("video floor (jitterBufferTarget) at the end: " + _ms(pl.get("targetMs")) + "; its last step: sound "
-              + _ms(last.get("soundMs")) + " (NetEq + output), video beyond its floor " + _ms(last.get("ownMs"))
-              + ", wanted " + _ms(last.get("wantedMs")))
+        print(f"video floor (jitterBufferTarget) at the end: {_ms(pl.get('targetMs'))}; its last step: sound "
+              f"{_ms(last.get('soundMs'))} (NetEq + output {_ms(last.get('outputMs'))}), video beyond its floor "
+              f"{_ms(last.get('ownMs'))}, wanted {_ms(last.get('wantedMs'))}")
     if data["busy"] is not None:
         print(f"machine: {os.cpu_count()} CPUs, {data['busy']:.0%} busy during the window (node, browser, broker "
               f"and anything else running); load average {data['load'][0]:.2f} -> {data['load'][1]:.2f}")

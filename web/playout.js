@@ -101,8 +101,8 @@ export function syncDelays(prev, cur) {
 /**
  * One "sync" step (pure): the floor that makes the picture wait as long as the sound.
  * d: syncDelays() of the last interval; fallbackOutputMs: the output latency where d has none;
- * floorMs: the floor in force during the interval.  Returns {targetMs, wantedMs, ownMs} (ms), or
- * null when either path had no new samples (the floor stays).
+ * floorMs: the floor in force during the interval.  Returns {targetMs, wantedMs, ownMs, soundMs, outputMs}
+ * (ms), or null when either path had no new samples (the floor stays).
  */
 export function syncTarget(d, fallbackOutputMs, floorMs) {
   if (!Number.isFinite(d.audioMs) || !Number.isFinite(d.videoMs)) return null;
@@ -110,7 +110,7 @@ export function syncTarget(d, fallbackOutputMs, floorMs) {
   const ownMs = d.videoMs - floorMs; // the video path's delay beyond its floor
   const wantedMs = Math.min(MAX_SYNC_MS, Math.max(0, d.audioMs + outputMs - ownMs));
   const targetMs = Math.round(floorMs + SYNC_SMOOTHING * (wantedMs - floorMs));
-  return { targetMs, wantedMs, ownMs, soundMs: d.audioMs + outputMs };
+  return { targetMs, wantedMs, ownMs, soundMs: d.audioMs + outputMs, outputMs };
 }
 
 /** A fresh policy state: no jitter seen, floor 0. */

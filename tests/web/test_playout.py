@@ -114,10 +114,10 @@ def test_sync_mode_makes_the_picture_wait_as_long_as_the_sound() -> None:
     }, PLAYOUT)
     assert r["modes"] == ["sync", "low", "sync", "low", "browser", "low"]
     first, floor_zero, capped, unknown = r["step"]
-    assert first == {"targetMs": 46, "wantedMs": 92, "ownMs": 30, "soundMs": 122}
+    assert first == {"targetMs": 46, "wantedMs": 92, "ownMs": 30, "soundMs": 122, "outputMs": 42}
     assert (floor_zero, capped, unknown) == (0, 400, None)
     *floors, last = r["control"]
     assert floors == [0, 0, "sync", 50, 50, 75, 75, 75]
-    assert last == {"targetMs": 75, "wantedMs": 100, "ownMs": 20, "soundMs": 120}
+    assert last == {"targetMs": 75, "wantedMs": 100, "ownMs": 20, "soundMs": 120, "outputMs": 40}
     assert r["fallback"] == 50
     assert r["negotiate"] == "stopped"  # with the extension's maximum at 0 Chromium would ignore the floor
