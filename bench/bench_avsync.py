@@ -1,6 +1,7 @@
 """A/V sync benchmark: when a sound and the picture made at the same instant reach the viewer in Chromium.
 
-Run: ``python bench/bench_avsync.py`` (``--beeps N``, default 30, one a second; ``--quick`` for 6).
+Run: ``python bench/bench_avsync.py`` (``--beeps N``, default 30, one a second; ``--quick`` for 6;
+``--playout sync low``, the default: one session per mode, one after the other, each reported).
 It starts what ``bench/bench_glass.py`` starts (broker with embedded defaults, a ``game`` pool, one
 render node with the built-in game and a software encoder, headless Debian Chromium through
 Playwright, the page signing in and starting a session like a user), with the node's
@@ -39,12 +40,22 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # measure this checkout (children run from it too)
 
-from bench.bench_glass import COLLECTOR_JS, TAKE_JS, _end_session, frame_shift_ms, open_stream, run_guarded, served
+from bench.bench_glass import (
+    COLLECTOR_JS,
+    TAKE_JS,
+    _end_session,
+    _until,
+    frame_shift_ms,
+    open_stream,
+    run_guarded,
+    served,
+)
 from bench.common import CHROMIUM, machine_busy_cpu_s, print_table
 from encoder.stats import percentile
 
 BEACON_MS = 1000
 GOAL_MS = 45.0
+MODES = ("sync", "low", "browser")  # the page's receive-side buffering (web/playout.js)
 
 # The sound side: an AudioWorklet on the received audio track reports onsets in context frames; the main
 # thread pairs each with the context's output timestamp (context time <-> performance time at the output).
@@ -100,6 +111,8 @@ AUDIO_STATS_JS = """async () => {
   });
   return out;
 }"""
+# what the page's "sync" control did (web/playout.js): its floor and its last step's readings
+PLAYOUT_STATE_JS = "() => window.renderBroker.playout"
 
 
 @dataclass(frozen=True)
@@ -133,37 +146,48 @@ def pair(display_ms: list[float], stamps: list[int], heard_ms: list[float], peri
     return beeps
 
 
-async def measure(opts: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+async def measure(opts: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
+    """One session per ``--playout`` mode on one stack, one after the other: each mode's window."""
     async with served(opts, workdir, ("--game-beacon-ms", str(BEACON_MS))) as up:
-        page = await open_stream(up.ctx, up.base, up.token, opts.playout)
-        try:
-            await page.evaluate(COLLECTOR_JS)
-            state = await page.evaluate(AUDIO_JS)
-            if state != "running":
-                raise RuntimeError(f"the page's audio context is {state!r}, not running")
-            await asyncio.sleep(opts.warmup_s)
-            await page.evaluate("() => { window.__glass.clear(); window.__avsync.heard.length = 0; "
-                                "window.__avsync.outputLatency.length = 0; }")
-            cpu0, t0 = machine_busy_cpu_s(), time.monotonic()
-            jb0 = await page.evaluate(AUDIO_STATS_JS)
-            await asyncio.sleep(opts.beeps * BEACON_MS / 1000 + 0.5)
-            video = await page.evaluate(TAKE_JS)
-            audio = await page.evaluate(TAKE_AUDIO_JS)
-            jb1 = await page.evaluate(AUDIO_STATS_JS)
-            cpu1, t1 = machine_busy_cpu_s(), time.monotonic()
-        finally:
-            await _end_session(page)
-            await page.close()
+        windows: list[dict[str, Any]] = []
+        for mode in opts.playout:
+            if windows:
+                await _until("the previous session's seat freed", up.seat_free, up.procs)
+            windows.append(await _window(up, mode, opts))
+        return windows
+
+
+async def _window(up: Any, mode: str, opts: argparse.Namespace) -> dict[str, Any]:
+    page = await open_stream(up.ctx, up.base, up.token, mode)
+    try:
+        await page.evaluate(COLLECTOR_JS)
+        state = await page.evaluate(AUDIO_JS)
+        if state != "running":
+            raise RuntimeError(f"the page's audio context is {state!r}, not running")
+        await asyncio.sleep(opts.warmup_s)
+        await page.evaluate("() => { window.__glass.clear(); window.__avsync.heard.length = 0; "
+                            "window.__avsync.outputLatency.length = 0; }")
+        cpu0, t0, load0 = machine_busy_cpu_s(), time.monotonic(), os.getloadavg()[0]
+        jb0 = await page.evaluate(AUDIO_STATS_JS)
+        await asyncio.sleep(opts.beeps * BEACON_MS / 1000 + 0.5)
+        video = await page.evaluate(TAKE_JS)
+        audio = await page.evaluate(TAKE_AUDIO_JS)
+        jb1 = await page.evaluate(AUDIO_STATS_JS)
+        playout = await page.evaluate(PLAYOUT_STATE_JS)
+        cpu1, t1, load1 = machine_busy_cpu_s(), time.monotonic(), os.getloadavg()[0]
+    finally:
+        await _end_session(page)
+        await page.close()
     busy = None if cpu0 is None or cpu1 is None else (cpu1 - cpu0) / ((t1 - t0) * (os.cpu_count() or 1))
     stamps = [int(v) for v in video["stamps"]]
     shifts, _ = frame_shift_ms(stamps, [None if v is None else int(v) for v in video["rtp"]])
     display = [float(g) - d + s for g, d, s in zip(video["display"], shifts, stamps, strict=True)]
-    return {"display": display, "stamps": stamps, "heard": [float(v) for v in audio["heard"]],
-            "output_latency": [float(v) for v in audio["outputLatency"]], "busy": busy,
+    return {"mode": mode, "display": display, "stamps": stamps, "heard": [float(v) for v in audio["heard"]],
+            "output_latency": [float(v) for v in audio["outputLatency"]], "busy": busy, "load": (load0, load1),
             "jitter_buffer_ms": _per_sample_ms(jb0, jb1, "delay"), "jitter_target_ms": _per_sample_ms(jb0, jb1,
                                                                                                       "targetDelay"),
             "concealed": (jb1.get("concealed") or 0) - (jb0.get("concealed") or 0),
-            "receiver_target_ms": jb1.get("target")}
+            "receiver_target_ms": jb1.get("target"), "playout": playout}
 
 
 def _per_sample_ms(before: dict[str, Any], after: dict[str, Any], key: str) -> float | None:
@@ -174,6 +198,7 @@ def _per_sample_ms(before: dict[str, Any], after: dict[str, Any], key: str) -> f
 
 def report(data: dict[str, Any], verbose: bool) -> list[Beep]:
     beeps = pair(data["display"], data["stamps"], data["heard"])
+    print(f"\n=== receive-side buffering: {data['mode']}")
     if verbose:
         print_table(["beep T (ms)", "video delay", "audio delay", "offset"],
                     [[str(b.t_ms), f"{b.video_ms:.1f}", f"{b.audio_ms:.1f}", f"{b.offset_ms:+.1f}"] for b in beeps])
@@ -198,10 +223,20 @@ def report(data: dict[str, Any], verbose: bool) -> list[Beep]:
     print(f"Chromium's audio jitter buffer (NetEq) over the window: {'n/a' if jb is None else f'{jb:.1f}'} ms held "
           f"per sample, target {'n/a' if target is None else f'{target:.1f}'} ms, receiver jitterBufferTarget "
           f"{data['receiver_target_ms']}, concealed samples {data['concealed']}")
+    pl = data["playout"] or {}
+    if pl.get("mode") == "sync":
+        last = pl.get("sync") or {}
+        print(f"video floor (jitterBufferTarget) at the end: {_ms(pl.get('targetMs'))}; its last step: sound "
+              f"{_ms(last.get('soundMs'))} (NetEq + output {_ms(last.get('outputMs'))}), video beyond its floor "
+              f"{_ms(last.get('ownMs'))}, wanted {_ms(last.get('wantedMs'))}")
     if data["busy"] is not None:
         print(f"machine: {os.cpu_count()} CPUs, {data['busy']:.0%} busy during the window (node, browser, broker "
-              "and anything else running)")
+              f"and anything else running); load average {data['load'][0]:.2f} -> {data['load'][1]:.2f}")
     return beeps
+
+
+def _ms(v: Any) -> str:
+    return "n/a" if not isinstance(v, int | float) else f"{v:.1f} ms"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -211,9 +246,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup-s", type=float, default=None, help="streaming before the window (default 3)")
     parser.add_argument("--encoder", default="auto", help="render node --encoder (auto, libx264, vp8, ...)")
     parser.add_argument("--verbose", action="store_true", help="print every beep")
-    parser.add_argument("--playout", choices=("low", "browser"), default="low",
-                        help="the page's receive-side buffering: low (the product's default: the picture is shown "
-                             "as soon as decoded) or browser (Chromium's own, which may hold video to match audio)")
+    parser.add_argument("--playout", nargs="+", choices=MODES, default=["sync", "low"],
+                        help="the page's receive-side buffering, one session each in this order: sync (desktops' "
+                             "default: the picture waits for the sound), low (games' default: the picture is shown "
+                             "as soon as decoded), browser (Chromium's own)")
     opts = parser.parse_args(argv)
     opts.beeps = opts.beeps or (6 if opts.quick else 30)
     opts.warmup_s = opts.warmup_s if opts.warmup_s is not None else (2.0 if opts.quick else 3.0)
@@ -223,14 +259,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return opts
 
 
-def run(argv: list[str] | None = None) -> list[Beep]:
-    """Parse ``argv``, measure, print the report; the paired beeps (the smoke test calls this)."""
+def run(argv: list[str] | None = None) -> dict[str, list[Beep]]:
+    """Parse ``argv``, measure, print the report; each mode's paired beeps (the smoke test calls this)."""
     opts = parse_args(argv)
     if not os.access(CHROMIUM, os.X_OK):
         raise SystemExit(f"{CHROMIUM} is missing: install Debian's chromium package (browsers are never downloaded)")
     workdir = Path(tempfile.mkdtemp(prefix="rb-avsync-"))
     print(f"A/V sync on loopback: the built-in game beeps every {BEACON_MS} ms of its render clock; {opts.beeps} "
-          "beeps measured in headless Chromium", flush=True)
+          f"beeps measured in headless Chromium per mode ({', '.join(opts.playout)})", flush=True)
     try:
         data = asyncio.run(run_guarded(opts, workdir, measure))
     except (KeyboardInterrupt, asyncio.CancelledError):
@@ -238,8 +274,8 @@ def run(argv: list[str] | None = None) -> list[Beep]:
         raise SystemExit(130) from None
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    return report(data, opts.verbose)
+    return {w["mode"]: report(w, opts.verbose) for w in data}
 
 
 if __name__ == "__main__":
-    raise SystemExit(0 if run() else 1)
+    raise SystemExit(0 if all(run().values()) else 1)

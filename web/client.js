@@ -31,6 +31,7 @@ import { TabGate, leaveOnPagehide, tabId, tabSignalUrl } from "./tabs.js";
 import { showControls } from "./controls.js";
 import { TOUCH_HINT, TouchController, touchPrimary } from "./touch.js";
 import { PeerLink } from "./peer.js";
+import { defaultPlayoutMode } from "./playout.js";
 import { ShareControls } from "./share.js";
 import { FrameStamps, readStats, renderStats } from "./stats.js";
 
@@ -60,8 +61,10 @@ const DEFAULT_DISCONNECT_TIMEOUT_S = 300;
 const TICK_MS = 1000; // stats sample and input-channel ping period
 const POLL_INTERVAL_MS = 3000; // fallback when the events stream cannot be opened
 const HINT_MS = 5000;
-// receive-side buffering (playout.js): "low" unless the page was opened with ?playout=browser
-const PLAYOUT_MODE = new URLSearchParams(location.search).get("playout") === "browser" ? "browser" : "low";
+// receive-side buffering (playout.js): the page's ?playout= (low|sync|browser), else the user's "Lip sync"
+// choice for this kind of pool, else "sync" for desktops and "low" for games (playoutMode())
+const PLAYOUT_PARAM = new URLSearchParams(location.search).get("playout");
+const PLAYOUT_KEY = "rb.playout."; // + pool kind: the user's "Lip sync" choice ("sync" | "low")
 // ?relay=1: gather TURN (relay) candidates only, to check a TURN server or debug a viewer's network
 const ICE_POLICY = new URLSearchParams(location.search).get("relay") === "1" ? "relay" : "all";
 
@@ -279,6 +282,7 @@ function follow(view) {
     app.queue = null;
     app.firstFrame = false;
     showControls($("#controls"), null); // until this session's node says what its controls are
+    renderSyncButton();
     openEvents(view);
   }
   $("#toolbar-pool").textContent = view.pool;
@@ -412,7 +416,7 @@ async function connect({ takeover = false } = {}) {
   const mine = () => app.link === link; // handlers of a replaced link are ignored
   const link = new PeerLink({
     signalUrl: tabSignalUrl(sig.url, TAB, takeover), token: app.token, iceServers: sig.ice_servers || [],
-    playout: PLAYOUT_MODE, iceTransportPolicy: ICE_POLICY,
+    playout: playoutMode(), iceTransportPolicy: ICE_POLICY,
     starting: () => Boolean(app.session && app.session.state === SessionState.STARTING),
     on: {
       answered: () => { if (mine()) { step("node", "done"); step("ice", "active"); } },
@@ -466,6 +470,31 @@ function onPeerState(st) {
   } else if (st === "failed") {
     reconnect("the connection failed");
   }
+}
+
+function poolKind() { return app.pool && app.pool.kind === PoolKind.GAME ? PoolKind.GAME : PoolKind.DESKTOP; }
+
+/** The receive-side buffering mode of the next connection (playout.js defaultPlayoutMode). */
+function playoutMode() {
+  let saved = null;
+  try { saved = localStorage.getItem(PLAYOUT_KEY + poolKind()); } catch { /* private mode: the default */ }
+  return defaultPlayoutMode(PLAYOUT_PARAM, saved, poolKind() === PoolKind.GAME);
+}
+
+/** The toolbar's "Lip sync" toggle: pressed in mode "sync"; hidden where ?playout= fixed the mode. */
+function renderSyncButton() {
+  const b = $("#btn-sync");
+  b.hidden = PLAYOUT_PARAM !== null;
+  b.setAttribute("aria-pressed", String(playoutMode() === "sync"));
+}
+
+/** The user turns lip sync on or off for this kind of pool: remembered, and the stream reconnects in it. */
+function toggleSync() {
+  const on = playoutMode() !== "sync";
+  try { localStorage.setItem(PLAYOUT_KEY + poolKind(), on ? "sync" : "low"); } catch { /* this page only */ }
+  renderSyncButton();
+  hint(on ? "Lip sync on: the picture waits for the sound" : "Lip sync off: the picture is shown at once, the sound may lag");
+  if (app.link && app.session && app.session.state === SessionState.RUNNING) connect();
 }
 
 function watchFirstFrame() {
@@ -660,7 +689,7 @@ function statsNow(update) {
   if (!link || !link.pc) return Promise.resolve(null);
   return readStats(link.pc, app.statsPrev, { inputRttMs: app.inputRttMs, node: app.nodeStats,
                                              glassToGlassMs: stamps.glassToGlassMs,
-                                             playoutMode: PLAYOUT_MODE,
+                                             playoutMode: link.playout ? link.playout.mode : null,
                                              playoutTargetMs: link.playout ? link.playout.targetMs : null })
     .then((s) => { if (update && app.link === link) app.statsPrev = s; return s; });
 }
@@ -728,6 +757,7 @@ function wire() {
   $("#btn-end").addEventListener("click", () => { input.focus(); endSession(); });
   $("#btn-stats").addEventListener("click", () => { toggleStats(); input.focus(); });
   $("#btn-fullscreen").addEventListener("click", toggleFullscreen);
+  $("#btn-sync").addEventListener("click", () => { toggleSync(); video.focus(); });
   $("#ended-again").addEventListener("click", () => { hideWarning(); setSession(null); showPools(); });
   $("#banner-close").addEventListener("click", hideWarning);
   input.attach();
@@ -752,6 +782,10 @@ window.renderBroker = Object.freeze({
   get clipboardPending() { return remoteClipboard.pending; },
   get sound() { return { muted: sound.muted, volume: sound.volume }; },
   get hidpi() { return resizer.hidpi; },
+  get playout() {
+    const p = app.link && app.link.playout;
+    return p ? { mode: p.mode, targetMs: p.targetMs, sync: p.sync.last } : null;
+  },
   get lastResize() { return resizer.last; },
   get clipboardReceived() { return remoteClipboard.count; },
   get connections() { return app.connections; },

@@ -90,7 +90,8 @@ export function renderStats(box, s) {
     row("Packet loss", fmtNum(s.lossPct, 2, " %")),
     row("Decode time", fmtNum(s.decodeMs, 2, " ms")),
     row("Jitter buffer", fmtNum(s.jitterBufferMs, 1, " ms")),
-    row("Buffer floor", s.playoutMode === "browser" ? "browser default" : fmtNum(s.playoutTargetMs, 0, " ms")),
+    row("Buffer floor", s.playoutMode === "browser" ? "browser default"
+      : fmtNum(s.playoutTargetMs, 0, s.playoutMode === "sync" ? " ms (lip sync)" : " ms")),
     row("Frames dropped", String(s.framesDropped)),
     n.encoder ? row("Encoder", String(n.encoder)) : null,
     Number.isFinite(n.encode_ms) ? row("Encode time", fmtNum(n.encode_ms, 2, " ms")) : null,

@@ -17,6 +17,10 @@ track measures that the same RFC 3550 way).  A buffer at the viewer cannot make 
 only later: on a loaded 2-core node the viewer saw 15-19 ms jitter on loopback (bench_glass), and
 growing the buffer for it took glass-to-glass p95 from 95 to 121 ms.
 
+This is the policy of the web client's ``low`` mode (games).  Its ``sync`` mode (desktops: the picture
+waits for the sound) offers no playout-delay extension, so the node sends none and this policy does not
+apply; the page sets its floor from the audio and video delays it measures (``web/playout.js``).
+
 Concurrency model: none.  ``decide(state, jitter_ms, now_ms)`` is a pure function: no clock, no
 I/O; states and decisions are frozen values.
 

@@ -1,8 +1,9 @@
 """bench/bench_avsync.py: beeps and the frames of their instants are paired right, and a quick run measures both.
 
 The pairing is pure and checked on synthetic timelines; the smoke test runs the benchmark (broker, render
-node with the game's beacon, headless Debian Chromium) for a few beeps and checks that both sides were
-measured (not how close they are: that is the benchmark's figure). Skips, saying why, where Chromium or
+node with the game's beacon, headless Debian Chromium) for a few beeps in the ``sync`` and ``low`` modes and
+checks that both sides were measured and the sync control ran (not how close they are: that is the
+benchmark's figure). Skips, saying why, where Chromium or
 Playwright cannot run.
 """
 
@@ -54,10 +55,14 @@ def test_bench_avsync_quick(capsys: pytest.CaptureFixture[str]) -> None:
     except ImportError:
         pytest.skip("the playwright package is not installed")
     bench = _load_bench()
-    beeps = bench.run(["--quick", "--beeps", "3", "--warmup-s", "1"])
+    # the desktops' "sync" mode (the picture waits for the sound) and the games' "low", one session each
+    by_mode = bench.run(["--quick", "--beeps", "3", "--warmup-s", "1", "--playout", "sync", "low"])
     out = capsys.readouterr().out
     assert "offset ms p50 / p95" in out and "jitter buffer" in out
-    assert len(beeps) >= 2, out
-    for b in beeps:
-        assert b.t_ms % bench.BEACON_MS == 0
-        assert 0 < b.video_ms < SANITY_MS and 0 < b.audio_ms < SANITY_MS, out
+    assert list(by_mode) == ["sync", "low"], out
+    assert "video floor (jitterBufferTarget) at the end" in out  # the page ran its sync control
+    for beeps in by_mode.values():
+        assert len(beeps) >= 2, out
+        for b in beeps:
+            assert b.t_ms % bench.BEACON_MS == 0
+            assert 0 < b.video_ms < SANITY_MS and 0 < b.audio_ms < SANITY_MS, out

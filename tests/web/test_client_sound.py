@@ -104,6 +104,20 @@ async def test_a_desktop_apps_tone_is_heard_by_the_page(
         assert heard["rms"] > 0.1, heard  # 0.5 full scale sine: RMS 0.35
         # the picture still plays in the video element: the sound did not replace it
         await page.wait_for_function("async () => (await window.renderBroker.stats())?.framesDecoded >= 10")
+        # a desktop with sound gets lip sync (web/playout.js "sync"): no playout-delay extension, and the
+        # video floor set from the measured audio and video delays (a step needs two readings 500 ms apart)
+        assert "rtp-hdrext/playout-delay" not in sdp, sdp
+        assert await page.get_attribute("#btn-sync", "aria-pressed") == "true"
+        await page.wait_for_function("() => window.renderBroker.playout?.sync !== null", timeout=5_000)
+        pl = await page.evaluate("window.renderBroker.playout")
+        assert pl["mode"] == "sync" and pl["sync"]["soundMs"] > 0 and pl["targetMs"] >= 0, pl
+        # the user turns it off: remembered for desktops, and the stream reconnects in "low"
+        await page.click("#btn-sync")
+        await page.wait_for_function("() => window.renderBroker.playout?.mode === 'low'"
+                                     " && window.renderBroker.pc.connectionState === 'connected'", timeout=15_000)
+        assert await page.get_attribute("#btn-sync", "aria-pressed") == "false"
+        assert await page.evaluate("localStorage.getItem('rb.playout.desktop')") == "low"
+        await page.wait_for_function("async () => (await window.renderBroker.stats())?.framesDecoded > 0")
         await page.click("#btn-end")
         await page.locator('body[data-view="ended"]').wait_for()
         assert not errors, errors

@@ -71,3 +71,53 @@ def test_playout_control_sets_the_receiver_floor_only_in_low_mode() -> None:
     assert low is True and unsupported is False
     assert asked == [{"uri": PLAYOUT_DELAY_URI, "direction": "recvonly"}, {"uri": "x", "direction": "sendrecv"}]
     assert left_out[0] == {"uri": PLAYOUT_DELAY_URI, "direction": "stopped"}
+
+
+# a fake getStats() report for "sync": cumulative audio NetEq (sample-seconds, samples), audio output (the
+# same), video
+# arrival-to-decoded (s, frames)
+SYNC_REPORT = """((a, an, o, on, v, vn) => new Map([
+  ['a', {type: 'inbound-rtp', kind: 'audio', jitterBufferDelay: a, jitterBufferEmittedCount: an}],
+  ['v', {type: 'inbound-rtp', kind: 'video', totalProcessingDelay: v, framesDecoded: vn}],
+  ...(o === null ? [] : [['p', {type: 'media-playout', kind: 'audio', totalPlayoutDelay: o,
+                                totalSamplesCount: on}]])]))"""
+
+
+def test_sync_mode_makes_the_picture_wait_as_long_as_the_sound() -> None:
+    r = run({
+        "modes": """[c.defaultPlayoutMode(null, null, false), c.defaultPlayoutMode(null, null, true),
+          c.defaultPlayoutMode(null, 'sync', true), c.defaultPlayoutMode(null, 'low', false),
+          c.defaultPlayoutMode('browser', 'sync', false), c.defaultPlayoutMode('bogus', 'bogus', true)]""",
+        # sound 80 + 42 = 122 ms, video 30 ms beyond a floor of 0: wanted 92, half of the way: 46
+        "step": """[c.syncTarget({audioMs: 80, outputMs: null, videoMs: 30}, 42, 0),
+          c.syncTarget({audioMs: 5, outputMs: 0, videoMs: 60}, 0, 0).targetMs,
+          c.syncTarget({audioMs: 900, outputMs: 10, videoMs: 410}, 0, 400).targetMs,
+          c.syncTarget({audioMs: null, outputMs: 10, videoMs: 30}, 0, 20)]""",
+        # NetEq 80 ms, output 40 ms, video 20 ms beyond its floor: 0 -> 50 -> 75 (wanted 100 each time)
+        "control": f"""(() => {{ const rx = {{jitterBufferTarget: null}}; const pc = new c.PlayoutControl(rx, 'sync');
+          const r = {SYNC_REPORT}; const seen = [rx.jitterBufferTarget, pc.targetMs, pc.reason];
+          pc.observe(r(0, 0, 0, 0, 0, 0), 0);
+          pc.observe(r(1920, 24000, 960, 24000, 0.6, 30), 500); seen.push(rx.jitterBufferTarget);
+          pc.observe(r(9999, 90000, 9999, 90000, 9, 90), 700); seen.push(rx.jitterBufferTarget);  // under the interval
+          pc.observe(r(3840, 48000, 1920, 48000, 2.7, 60), 1000); seen.push(rx.jitterBufferTarget, pc.targetMs);
+          pc.observe(r(3840, 48000, 1920, 48000, 2.7, 60), 1500); seen.push(rx.jitterBufferTarget);  // no samples
+          return [...seen, pc.sync.last]; }})()""",
+        # no media-playout stats: the owner's output latency (40 ms) stands in for them
+        "fallback": f"""(() => {{ const rx = {{jitterBufferTarget: null}}; const pc = new c.PlayoutControl(rx, 'sync');
+          pc.outputLatencyMs = 40; const r = {SYNC_REPORT};
+          pc.observe(r(0, 0, null, 0, 0, 0), 0); pc.observe(r(1920, 24000, null, 0, 0.6, 30), 500);
+          return rx.jitterBufferTarget; }})()""",
+        "negotiate": """(() => { let set = null; const t = {
+            getHeaderExtensionsToNegotiate: () => [{uri: c.PLAYOUT_DELAY_URI, direction: 'recvonly'}],
+            setHeaderExtensionsToNegotiate: (e) => { set = e; } };
+          c.negotiatePlayoutDelay(t, 'sync'); return set[0].direction; })()""",
+    }, PLAYOUT)
+    assert r["modes"] == ["sync", "low", "sync", "low", "browser", "low"]
+    first, floor_zero, capped, unknown = r["step"]
+    assert first == {"targetMs": 46, "wantedMs": 92, "ownMs": 30, "soundMs": 122, "outputMs": 42}
+    assert (floor_zero, capped, unknown) == (0, 400, None)
+    *floors, last = r["control"]
+    assert floors == [0, 0, "sync", 50, 50, 75, 75, 75]
+    assert last == {"targetMs": 75, "wantedMs": 100, "ownMs": 20, "soundMs": 120, "outputMs": 40}
+    assert r["fallback"] == 50
+    assert r["negotiate"] == "stopped"  # with the extension's maximum at 0 Chromium would ignore the floor
