@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final
 
-from aiohttp import web
+from aiohttp import WSMsgType, web
 from redis.exceptions import RedisError
 
 from broker.auth import Principal, authenticate, mint_node_credential, mint_user_token, needs_renewal
@@ -21,7 +21,7 @@ from broker.errors import Conflict, Forbidden, MalformedBody, PayloadTooLarge, V
 from broker.http.edge import check_access, check_metrics
 from broker.keys_app import BROKER, METRICS, SETTINGS
 from broker.models import NAME_RE, TAB_RE, TOKEN_SCHEMA, parse_user
-from broker.protocol import API_PREFIX, HostState, Role
+from broker.protocol import API_PREFIX, HostState, Role, SignalError, SignalType
 from broker.settings import BrokerSettings
 from broker.validate import validate
 
@@ -113,6 +113,25 @@ def parse_json(raw: bytes | str, field: str) -> Any:
     if _depth(value) > JSON_MAX_DEPTH:
         raise MalformedBody(f"{field}: nested deeper than {JSON_MAX_DEPTH} levels", field=field)
     return value
+
+
+async def signal_messages(ws: web.WebSocketResponse, allowed: frozenset[str],
+                          expected: str) -> AsyncIterator[dict[str, Any]]:
+    """A viewer's signaling messages on ``ws``: text frames holding a JSON object whose ``type`` is one of
+    ``allowed``.  A bad frame is answered with an ``error`` ``bad_signal`` (``expected`` says what ``type``
+    must be) and skipped: the socket lives on."""
+    async for msg in ws:
+        if msg.type != WSMsgType.TEXT:
+            continue
+        try:
+            inner = parse_json(msg.data, "message")
+            if not isinstance(inner, dict) or not isinstance(inner.get("type"), str) or inner["type"] not in allowed:
+                raise ValueError(f"type must be {expected}")
+        except (ValueError, MalformedBody) as exc:
+            await ws.send_json({"type": SignalType.ERROR.value, "code": SignalError.BAD_SIGNAL.value,
+                                "detail": str(exc)})
+            continue
+        yield inner
 
 
 def _depth(value: Any) -> int:

@@ -34,7 +34,7 @@ from typing import Any, Final
 from aiohttp import WSMsgType, web
 
 from broker.errors import Conflict, MalformedBody, NotFound, ValidationError
-from broker.http.api import parse_json, principal, require_host, routes
+from broker.http.api import parse_json, principal, require_host, routes, signal_messages
 from broker.keys_app import BROKER, HUB
 from broker.models import TAB_RE
 from broker.protocol import (
@@ -221,17 +221,7 @@ async def signal(request: web.Request) -> web.WebSocketResponse:
         pump = asyncio.create_task(_forward_client(q, ws, tab))
         keeper = asyncio.create_task(_keep_tab(b, sid, tab, sock, ws))
         try:
-            async for msg in ws:
-                if msg.type != WSMsgType.TEXT:
-                    continue
-                try:
-                    inner = parse_json(msg.data, "message")
-                    if not isinstance(inner, dict) or not isinstance(inner.get("type"), str) \
-                            or inner["type"] not in SIGNAL_TYPES:
-                        raise ValueError("type must be a signaling message type")
-                except (ValueError, MalformedBody) as exc:  # a bad frame is answered, the socket lives on
-                    await ws.send_json({"type": SignalType.ERROR.value, "code": "bad_signal", "detail": str(exc)})
-                    continue
+            async for inner in signal_messages(ws, SIGNAL_TYPES, "a signaling message type"):
                 await b.touch_session(sid)
                 await to_node(inner)
         finally:

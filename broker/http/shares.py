@@ -29,10 +29,10 @@ import uuid
 from pathlib import Path
 from typing import Any, Final
 
-from aiohttp import WSMsgType, web
+from aiohttp import web
 
-from broker.errors import BrokerError, MalformedBody, ValidationError
-from broker.http.api import PATH_RULES, ok, parse_json, principal, read_json, routes, signing_keys
+from broker.errors import BrokerError, ValidationError
+from broker.http.api import PATH_RULES, ok, principal, read_json, routes, signal_messages, signing_keys
 from broker.keys_app import BROKER, HUB, SETTINGS
 from broker.protocol import API_PREFIX, SIGNAL_MAX_BYTES, ByeReason, NodeCommand, SessionState, SignalType
 from broker.service import Broker
@@ -157,16 +157,7 @@ async def watch_signal(request: web.Request) -> web.WebSocketResponse:
         tasks = [asyncio.create_task(_pump(q, ws, grant.share_id)),
                  asyncio.create_task(_keep(b, sid, grant.share_id, viewer, ws))]
         try:
-            async for msg in ws:
-                if msg.type != WSMsgType.TEXT:
-                    continue
-                try:
-                    inner = parse_json(msg.data, "message")
-                    if not isinstance(inner, dict) or inner.get("type") not in VIEWER_SIGNALS:
-                        raise ValueError("type must be offer, candidate or bye")
-                except (ValueError, MalformedBody) as exc:  # answered; the socket lives on
-                    await ws.send_json({"type": SignalType.ERROR.value, "code": "bad_signal", "detail": str(exc)})
-                    continue
+            async for inner in signal_messages(ws, VIEWER_SIGNALS, "offer, candidate or bye"):
                 await to_node(inner)
         finally:
             for task in tasks:

@@ -64,6 +64,11 @@ async def test_owner_creates_lists_and_revokes_a_link_and_its_viewer_is_cut_off(
         # a viewer may not speak for the broker
         await viewer_ws.send_json({"type": "peer_left"})
         assert (await viewer_ws.receive_json(timeout=5))["code"] == "bad_signal"
+        # nor crash its socket with a frame the owner's socket answers (a list as type was unhashable here)
+        for frame in ('{"type": ["offer"]}', "[" * 5000 + "]" * 5000, '"just a string"', "{not json"):
+            await viewer_ws.send_str(frame)
+            assert (await viewer_ws.receive_json(timeout=5))["code"] == "bad_signal", frame[:20]
+        assert not viewer_ws.closed
 
         # the node's answer for the viewer goes to the viewer only
         await node.send_json({"cmd": "signal", "session_id": sid, "viewer": viewer,
