@@ -21,7 +21,7 @@ from broker.errors import Conflict, Forbidden, MalformedBody, PayloadTooLarge, V
 from broker.http.edge import check_access, check_metrics
 from broker.keys_app import BROKER, METRICS, SETTINGS
 from broker.models import NAME_RE, TAB_RE, TOKEN_SCHEMA, parse_user
-from broker.protocol import API_PREFIX, HostState, Role, SignalError, SignalType
+from broker.protocol import API_PREFIX, HostState, Role, SignalType
 from broker.settings import BrokerSettings
 from broker.validate import validate
 
@@ -128,8 +128,7 @@ async def signal_messages(ws: web.WebSocketResponse, allowed: frozenset[str],
             if not isinstance(inner, dict) or not isinstance(inner.get("type"), str) or inner["type"] not in allowed:
                 raise ValueError(f"type must be {expected}")
         except (ValueError, MalformedBody) as exc:
-            await ws.send_json({"type": SignalType.ERROR.value, "code": SignalError.BAD_SIGNAL.value,
-                                "detail": str(exc)})
+            await ws.send_json({"type": SignalType.ERROR.value, "code": "bad_signal", "detail": str(exc)})
             continue
         yield inner
 

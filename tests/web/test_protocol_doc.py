@@ -46,7 +46,7 @@ ENUM_SECTIONS: dict[str, str] = {
 
 # Sources that emit signaling error codes and warning codes, with the pattern that finds them.
 SIGNAL_ERROR_SOURCES: tuple[tuple[str, str], ...] = (
-    ("broker/http/realtime.py", r'"code":\s*"([a-z_]+)"'),
+    ("broker/http/api.py", r'"code":\s*"([a-z_]+)"'),  # the viewers' frame reader (signal_messages)
     ("streamer/media/peer.py", r'OfferError\(\s*"([a-z_]+)"'),
     ("streamer/media/session.py", r'_error\(\s*"([a-z_]+)"'),
     ("encoder/select.py", r'class NoEncoderError\b.*?\bcode = "([a-z_]+)"'),
